@@ -1,0 +1,1 @@
+"""Deciding GPU frequencies: forecaster, workload model, tube MPC, governor loop."""

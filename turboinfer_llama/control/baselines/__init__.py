@@ -1,0 +1,1 @@
+"""Baseline controllers: default, max/static, reactive, ztt, oracle."""

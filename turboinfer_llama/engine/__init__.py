@@ -1,0 +1,1 @@
+"""What happens inside llama.cpp: hooks, events, timeline, node costs."""

@@ -1,0 +1,57 @@
+"""PowerSettings: every power-saving option, as a pydantic-settings class.
+
+Each field has a description, so the server and CLI get flags and ``TURBOINFER_*``
+environment variables for free.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Granularity = Literal["graph", "layer", "kernel"]
+GRANULARITIES: tuple[str, ...] = ("graph", "layer", "kernel")
+
+
+class PowerSettings(BaseSettings):
+    """Power-saving settings. Env vars: ``TURBOINFER_<FIELD>`` (e.g. TURBOINFER_DEVICE)."""
+
+    model_config = SettingsConfigDict(env_prefix="TURBOINFER_", extra="forbid")
+
+    granularity: Granularity = Field(
+        default="graph",
+        description=(
+            "How closely the eval hook watches llama.cpp: 'graph' scans node order only "
+            "and never forces a sync (lowest overhead); 'layer' syncs at each layer's "
+            "output node; 'kernel' syncs at every node, giving per-kernel completion times."
+        ),
+    )
+    ring_capacity: int = Field(
+        default=65536,
+        gt=0,
+        description="Slots in the hook's lock-free ring buffer; when full, records are "
+        "counted as overflow and dropped, never blocking the engine.",
+    )
+    device: str = Field(
+        default="sim:adreno650",
+        description="GPU to act on: sim[:profile], devfreq[:name-or-path], kgsl, "
+        "kmod[:/dev/turboinfer], adb[:serial] or auto.",
+    )
+    controller: str = Field(
+        default="tmpc",
+        description="Frequency policy: tmpc, default, max, static:<hz>, reactive, ztt.",
+    )
+    latency_slack: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="Allowed latency increase over the default governor, as a fraction "
+        "(0.02 = 2%).",
+    )
+    native_hooks: bool = Field(
+        default=True,
+        description="Use the compiled C hook library when available; False forces the "
+        "pure-Python callback.",
+    )
