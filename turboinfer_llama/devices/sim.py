@@ -1,0 +1,617 @@
+"""SimGpu: a virtual mobile GPU on a virtual clock, the default device.
+
+It consumes the engine's stream (kernels as ops/bytes, host gaps as measured ns),
+times each kernel with a roofline at the current clock (compute scales with 1/f,
+DRAM time does not), applies frequency changes only after the profile's switch
+latency, emulates the default governors (msm-adreno-tz, simple_ondemand) with their
+real parameters, and integrates power P = static(V) + busy*C*V^2*f + clock-gated idle
+share. Every figure it produces is simulated; the profile files in ``profiles/`` name
+the source or assumption behind each parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from ..engine.graph import cost
+from ..engine.segments import Segment
+from .base import (
+    Capabilities,
+    Counters,
+    DeviceGone,
+    DeviceNotFound,
+    DeviceState,
+    InvalidFrequency,
+    snap_hz,
+)
+
+log = logging.getLogger(__name__)
+
+GOVERNORS: tuple[str, ...] = ("msm-adreno-tz", "simple_ondemand")
+SWITCH_PATHS: tuple[str, ...] = ("direct", "thermal")
+DEFAULT_PROFILE = "adreno650"
+PowerState = Literal["busy", "idle", "slumber"]
+
+_US = 1000
+_MS = 1_000_000
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    folder = resources.files(__package__).joinpath("profiles")
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+@dataclass(frozen=True)
+class SimProfile:
+    """One GPU's parameters (SI units; times in ns). ``notes`` maps each parameter to
+    its ``source``/``assumption`` text from the profile file."""
+
+    name: str
+    gpu: str
+    levels_hz: tuple[int, ...]
+    voltages_v: tuple[float, ...]
+    initial_hz: int
+    default_governor: str | None
+    effective_capacitance_f: float
+    static_power_w: float
+    static_voltage_exponent: float
+    clock_gated_idle_fraction: float
+    idle_timeout_ns: int
+    slumber_power_w: float
+    peak_ops_per_cycle: float
+    compute_efficiency: float
+    dram_bandwidth_bytes_per_s: float
+    memory_efficiency: float
+    compute_memory_overlap: float
+    kernel_floor_ns: int
+    host_submission_ns: int
+    switch_latency_direct_ns: int
+    switch_latency_thermal_ns: int
+    instructions_per_op: float
+    instructions_per_byte: float
+    alwayson_hz: float
+    tz_call_interval_ns: int
+    tz_floor_ns: int
+    tz_min_busy_ns: int
+    tz_ceiling_ns: int
+    tz_up_busy_fraction: float
+    tz_down_busy_fraction: float
+    ondemand_up_threshold: int
+    ondemand_down_differential: int
+    ondemand_polling_ns: int
+    notes: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def voltage_v(self, hz: int) -> float:
+        """Voltage of a level; between levels, linear interpolation."""
+        levels, volts = self.levels_hz, self.voltages_v
+        if hz <= levels[0]:
+            return volts[0]
+        for i in range(1, len(levels)):
+            if hz <= levels[i]:
+                frac = (hz - levels[i - 1]) / (levels[i] - levels[i - 1])
+                return volts[i - 1] + frac * (volts[i] - volts[i - 1])
+        return volts[-1]
+
+    def power_w(self, hz: int, state: PowerState) -> float:
+        """Instantaneous GPU power at clock ``hz`` in ``state``."""
+        if state == "slumber":
+            return self.slumber_power_w
+        v = self.voltage_v(hz)
+        static = self.static_power_w * (v / self.voltages_v[-1]) ** self.static_voltage_exponent
+        dynamic = self.effective_capacitance_f * v * v * hz
+        if state == "busy":
+            return static + dynamic
+        return static + self.clock_gated_idle_fraction * dynamic
+
+    def kernel_ns(
+        self, flops: float, bytes_: float, hz: int, bandwidth_share: float = 1.0
+    ) -> float:
+        """Roofline time of one kernel: compute at ``hz``, DRAM at the available
+        bandwidth, the shorter partly hidden under the longer, never below the floor."""
+        t_c = flops / (self.peak_ops_per_cycle * self.compute_efficiency * hz) * 1e9
+        bw = self.dram_bandwidth_bytes_per_s * self.memory_efficiency * bandwidth_share
+        t_m = bytes_ / bw * 1e9
+        t = max(t_c, t_m) + (1.0 - self.compute_memory_overlap) * min(t_c, t_m)
+        return max(t, float(self.kernel_floor_ns))
+
+
+_SCALES = {"_us": _US, "_ms": _MS}
+
+
+def load_profile(name_or_path: str) -> SimProfile:
+    """A shipped profile by name (``adreno650``) or a JSON file by path."""
+    path = Path(name_or_path)
+    if name_or_path.endswith(".json") and path.is_file():
+        text = path.read_text()
+    else:
+        names = list_profiles()
+        if name_or_path not in names:
+            raise DeviceNotFound(
+                f"no simulator profile {name_or_path!r}; choose one of {', '.join(names)} "
+                "or give a path to a profile .json"
+            )
+        text = (resources.files(__package__) / "profiles" / f"{name_or_path}.json").read_text()
+    return _parse_profile(json.loads(text), name_or_path)
+
+
+def _parse_profile(raw: dict[str, Any], origin: str) -> SimProfile:
+    values: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for key, entry in raw.items():
+        if key in ("name", "gpu"):
+            continue
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise ValueError(f"profile {origin}: {key} must be an object with a 'value'")
+        why = [f"{k}: {entry[k]}" for k in ("source", "assumption") if k in entry]
+        if not why:
+            raise ValueError(f"profile {origin}: {key} needs a 'source' or 'assumption' note")
+        notes[key] = "; ".join(why)
+        value = entry["value"]
+        for suffix, scale in _SCALES.items():
+            if key.endswith(suffix):
+                key, value = key[: -len(suffix)] + "_ns", round(value * scale)
+        values[key] = value
+    levels = tuple(int(h) for h in values.pop("levels_hz"))
+    volts = tuple(float(v) for v in values.pop("voltages_v"))
+    if len(levels) != len(volts) or list(levels) != sorted(set(levels)):
+        raise ValueError(f"profile {origin}: levels must ascend and match voltages one to one")
+    try:
+        return SimProfile(
+            name=raw.get("name", origin),
+            gpu=raw.get("gpu", ""),
+            levels_hz=levels,
+            voltages_v=volts,
+            notes=notes,
+            **values,
+        )
+    except TypeError as e:
+        raise ValueError(f"profile {origin}: {e}") from e
+
+
+@dataclass
+class _Window:
+    """Busy/total accumulated since the governor last decided."""
+
+    t0_ns: int = 0
+    busy0_ns: int = 0
+
+
+class SimGpu:
+    """A simulated GPU implementing ``GpuDevice`` plus the replay API.
+
+    ``governor`` is ``"msm-adreno-tz"``, ``"simple_ondemand"`` or None (userspace: only
+    ``set_hz`` moves the clock); ``"default"`` picks the profile's. ``switch_path``
+    chooses the profile's switch latency for ``set_hz``: ``"direct"`` (KGSL/kernel
+    module) or ``"thermal"`` (Android's thermal framework). ``background_share`` is the
+    fraction of DRAM bandwidth other apps take. ``pmu_noise`` is the relative standard
+    deviation of the simulated instruction counter (seeded by ``seed``).
+    """
+
+    def __init__(
+        self,
+        profile: str | SimProfile = DEFAULT_PROFILE,
+        *,
+        governor: str | None = "default",
+        switch_path: str = "direct",
+        background_share: float = 0.0,
+        pmu_noise: float = 0.0,
+        seed: int = 0,
+        start_ns: int = 0,
+        record_intervals: bool = False,
+    ) -> None:
+        self.profile = profile if isinstance(profile, SimProfile) else load_profile(profile)
+        if switch_path not in SWITCH_PATHS:
+            raise ValueError(f"switch_path must be one of {', '.join(SWITCH_PATHS)}")
+        p = self.profile
+        self.name = f"sim:{p.name}"
+        self.switch_path = switch_path
+        self._switch_latency_ns = (
+            p.switch_latency_direct_ns if switch_path == "direct" else p.switch_latency_thermal_ns
+        )
+        self.capabilities = Capabilities(
+            can_set=True,
+            has_pmu=True,
+            simulated=True,
+            switch_latency_ns=self._switch_latency_ns,
+            switch_latency_source=f"profile {p.name}: "
+            + p.notes.get(f"switch_latency_{switch_path}_us", ""),
+            notes=("simulated",),
+        )
+        self._lock = threading.RLock()
+        self._levels = list(p.levels_hz)
+        self._t = int(start_ns)
+        self._t0 = int(start_ns)
+        self._hz = snap_hz(self._levels, p.initial_hz)
+        self._pending: list[tuple[int, int]] = []
+        self._min_hz = self._levels[0]
+        self._max_hz = self._levels[-1]
+        self._pin_hz: int | None = None
+        self._thermal_cap_hz: int | None = None
+        self._phase = "idle"
+        self._idle_since: int | None = self._t
+        self._slumber = False
+        self._rng = random.Random(seed)
+        self.pmu_noise = pmu_noise
+        self._bw_share = 1.0
+        self.background_share = background_share
+        self.energy_j = 0.0
+        self.energy_by_phase_j: dict[str, float] = {}
+        self.time_by_phase_ns: dict[str, int] = {}
+        self.gap_ns_by_kind: dict[str, int] = {}
+        self.busy_ns = 0
+        self.busy_cycles = 0.0
+        self.kernels = 0
+        self.switches = 0
+        self.switch_log: list[tuple[int, int]] = []
+        self._instructions = 0.0
+        self.record_intervals = record_intervals
+        self.intervals: list[tuple[int, int, int, str, str, float]] = []
+        self._window = _Window(self._t, 0)
+        self._tz_last_call_ns: int | None = None
+        self._next_poll_ns: int | None = None
+        self._governor: str | None = None
+        self.governor = p.default_governor if governor == "default" else governor
+        self._closed = False
+        self._initial = self.snapshot()
+
+    # ---- GpuDevice ---------------------------------------------------------------
+
+    def frequencies_hz(self) -> list[int]:
+        return list(self._levels)
+
+    def current_hz(self) -> int:
+        return self._hz
+
+    def set_hz(self, hz: int) -> int:
+        """Pin the clock (like min = max on a real device); the change lands after the
+        switch latency. Returns the level that will apply."""
+        with self._lock:
+            self._check_open()
+            if hz <= 0:
+                raise InvalidFrequency(f"{hz} Hz: frequencies must be positive; {self._table()}")
+            level = self._clamp(snap_hz(self._levels, int(hz)), pinned=False)
+            self._pin_hz = level
+            self._request(level, self._switch_latency_ns)
+            return level
+
+    def set_range(self, min_hz: int, max_hz: int) -> None:
+        with self._lock:
+            self._check_open()
+            if min_hz <= 0 or max_hz < min_hz:
+                raise InvalidFrequency(
+                    f"range {min_hz}-{max_hz} Hz: need 0 < min <= max; {self._table()}"
+                )
+            self._min_hz = snap_hz(self._levels, int(min_hz))
+            self._max_hz = snap_hz(self._levels, int(max_hz))
+            self._pin_hz = None
+            self._request(self._clamp(self._target_hz()), self._switch_latency_ns)
+
+    def read_counters(self) -> Counters:
+        with self._lock:
+            return Counters(
+                ts_ns=self._t,
+                busy_ns=self.busy_ns,
+                total_ns=self._t - self._t0,
+                instructions=int(self._instructions),
+                freq_hz=self._hz,
+            )
+
+    def snapshot(self) -> DeviceState:
+        return DeviceState(
+            governor=self._governor,
+            min_hz=self._min_hz,
+            max_hz=self._max_hz,
+            extra={"pin_hz": self._pin_hz},
+        )
+
+    def restore(self, state: DeviceState) -> None:
+        with self._lock:
+            self._check_open()
+            self.governor = state.governor
+            self.set_range(state.min_hz, state.max_hz)
+            pin = state.extra.get("pin_hz")
+            if pin is not None:
+                self.set_hz(pin)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.restore(self._initial)
+            self._closed = True
+
+    # ---- replay API --------------------------------------------------------------
+
+    def now_ns(self) -> int:
+        return self._t
+
+    def run_kernel(self, op: str, flops: float, bytes_: float, *, phase: str) -> int:
+        """Run one kernel from now; returns the virtual ns it took."""
+        if flops < 0 or bytes_ < 0:
+            raise ValueError(f"kernel {op}: flops and bytes must be >= 0")
+        with self._lock:
+            start = self._t
+            self._phase = phase
+            self._idle_since = None
+            self._slumber = False
+            remaining = 1.0
+            while remaining > 0:
+                full_ns = self.profile.kernel_ns(flops, bytes_, self._hz, self._bw_share)
+                need = remaining * full_ns
+                nxt = self._next_event_ns()
+                if self._t + need <= nxt:
+                    self._account(round(need), "busy", phase)
+                    break
+                dt = nxt - self._t
+                self._account(dt, "busy", phase)
+                remaining -= dt / full_ns
+                self._fire_due()
+            work = (
+                flops * self.profile.instructions_per_op
+                + bytes_ * self.profile.instructions_per_byte
+            )
+            if self.pmu_noise > 0:
+                work *= max(0.0, 1.0 + self._rng.gauss(0.0, self.pmu_noise))
+            self._instructions += work
+            self.kernels += 1
+            self._tz_notify()
+            return self._t - start
+
+    def run_gap(self, dur_ns: int, *, kind: str, phase: str) -> None:
+        """A host gap of ``dur_ns``: the GPU is idle (clock-gated; it slumbers after the
+        idle timeout). The gap's start is a KGSL idle notification for msm-adreno-tz."""
+        if dur_ns < 0:
+            raise ValueError(f"gap {kind}: duration must be >= 0, got {dur_ns}")
+        with self._lock:
+            self._tz_notify()
+            self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + int(dur_ns)
+            self._idle_until(self._t + int(dur_ns), phase)
+
+    def advance_to(self, t_ns: int, *, phase: str | None = None) -> None:
+        """Idle until virtual time ``t_ns`` (no-op if it is not in the future)."""
+        with self._lock:
+            if t_ns > self._t:
+                self._idle_until(int(t_ns), phase or self._phase)
+
+    def consume(self, segments: Iterable[Segment], *, add_submission: bool | None = None) -> int:
+        """Run recorded segments: kernels re-timed by the cost model, stalls for their
+        measured duration. ``add_submission`` adds the profile's host submission cost
+        before each kernel; by default only for kernels without per-kernel timing.
+        Returns the virtual ns consumed."""
+        start = self._t
+        for seg in segments:
+            if seg.kind == "kernel":
+                c = cost(seg.op, seg.shape)
+                if c.is_noop:
+                    continue
+                if add_submission if add_submission is not None else not seg.timed:
+                    self.run_gap(
+                        self.profile.host_submission_ns, kind="inter_kernel", phase=seg.phase
+                    )
+                self.run_kernel(c.op, c.flops, c.bytes, phase=seg.phase)
+            else:
+                kind = seg.stall.value if seg.stall is not None else "idle"
+                self.run_gap(seg.dur_ns, kind=kind, phase=seg.phase)
+        return self._t - start
+
+    # ---- extras for controllers, meters and tests --------------------------------
+
+    @property
+    def governor(self) -> str | None:
+        return self._governor
+
+    @governor.setter
+    def governor(self, name: str | None) -> None:
+        if name is not None and name not in GOVERNORS:
+            raise ValueError(
+                f"unknown governor {name!r}; choose one of {', '.join(GOVERNORS)} or None"
+            )
+        with self._lock:
+            self._governor = name
+            self._reset_window()
+            self._tz_last_call_ns = None
+            self._next_poll_ns = (
+                self._t + self.profile.ondemand_polling_ns if name == "simple_ondemand" else None
+            )
+
+    @property
+    def background_share(self) -> float:
+        """Fraction of DRAM bandwidth taken by other apps (0 = GPU has it all)."""
+        return 1.0 - self._bw_share
+
+    @background_share.setter
+    def background_share(self, share: float) -> None:
+        if not 0.0 <= share < 1.0:
+            raise ValueError(f"background_share must be in [0, 1), got {share}")
+        self._bw_share = 1.0 - share
+
+    @property
+    def thermal_cap_hz(self) -> int | None:
+        """An emulated thermal cap: no level above it is ever applied."""
+        return self._thermal_cap_hz
+
+    @thermal_cap_hz.setter
+    def thermal_cap_hz(self, cap: int | None) -> None:
+        with self._lock:
+            self._thermal_cap_hz = cap
+            self._request(self._clamp(self._target_hz()), self.profile.switch_latency_direct_ns)
+
+    @property
+    def instructions(self) -> int:
+        return int(self._instructions)
+
+    @property
+    def alwayson_cycles(self) -> int:
+        return int((self._t - self._t0) * self.profile.alwayson_hz / 1e9)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def kernel_ns(self, flops: float, bytes_: float, hz: int | None = None) -> float:
+        """Predicted kernel time at ``hz`` (default: now) under the current contention."""
+        return self.profile.kernel_ns(flops, bytes_, hz or self._hz, self._bw_share)
+
+    def power_w(self, hz: int | None = None, state: PowerState = "busy") -> float:
+        return self.profile.power_w(hz or self._hz, state)
+
+    # ---- internals ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DeviceGone(f"{self.name} is closed")
+
+    def _table(self) -> str:
+        return "levels: " + ", ".join(f"{h / 1e6:g} MHz" for h in self._levels)
+
+    def _target_hz(self) -> int:
+        return self._pending[-1][1] if self._pending else self._hz
+
+    def _clamp(self, hz: int, *, pinned: bool = True) -> int:
+        lo, hi = self._min_hz, self._max_hz
+        if pinned and self._pin_hz is not None:
+            lo = hi = self._pin_hz
+        hz = min(max(hz, lo), hi)
+        cap = self._thermal_cap_hz
+        if cap is not None and hz > cap:
+            below = [lv for lv in self._levels if lv <= cap]
+            hz = below[-1] if below else self._levels[0]
+        return hz
+
+    def _request(self, hz: int, latency_ns: int) -> None:
+        if hz == self._target_hz():
+            return
+        self._pending.append((self._t + latency_ns, hz))
+        self._pending.sort(key=lambda p: p[0])
+        if latency_ns == 0:
+            self._fire_due()
+
+    def _next_event_ns(self) -> int | float:
+        nxt: int | float = math.inf
+        if self._pending:
+            nxt = self._pending[0][0]
+        if self._next_poll_ns is not None:
+            nxt = min(nxt, self._next_poll_ns)
+        if self._idle_since is not None and not self._slumber:
+            nxt = min(nxt, self._idle_since + self.profile.idle_timeout_ns)
+        return nxt
+
+    def _fire_due(self) -> None:
+        while self._pending and self._pending[0][0] <= self._t:
+            _, hz = self._pending.pop(0)
+            if hz != self._hz:
+                self._hz = hz
+                self.switches += 1
+                self.switch_log.append((self._t, hz))
+        if self._next_poll_ns is not None and self._next_poll_ns <= self._t:
+            self._ondemand_poll()
+            while self._next_poll_ns <= self._t:
+                self._next_poll_ns += self.profile.ondemand_polling_ns
+        if (
+            self._idle_since is not None
+            and not self._slumber
+            and self._t >= self._idle_since + self.profile.idle_timeout_ns
+        ):
+            self._slumber = True
+
+    def _idle_until(self, t_end: int, phase: str) -> None:
+        if self._idle_since is None:
+            self._idle_since = self._t
+        while self._t < t_end:
+            nxt = min(t_end, self._next_event_ns())
+            self._account(int(nxt) - self._t, "slumber" if self._slumber else "idle", phase)
+            self._fire_due()
+
+    def _account(self, dt_ns: int, state: PowerState, phase: str) -> None:
+        if dt_ns <= 0:
+            return
+        e = self.profile.power_w(self._hz, state) * dt_ns * 1e-9
+        self.energy_j += e
+        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
+        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + dt_ns
+        if state == "busy":
+            self.busy_ns += dt_ns
+            self.busy_cycles += dt_ns * self._hz / 1e9
+        if self.record_intervals:
+            last = self.intervals[-1] if self.intervals else None
+            if last and last[0] + last[1] == self._t and last[2:5] == (self._hz, state, phase):
+                self.intervals[-1] = (last[0], last[1] + dt_ns, self._hz, state, phase, last[5] + e)
+            else:
+                self.intervals.append((self._t, dt_ns, self._hz, state, phase, e))
+        self._t += dt_ns
+
+    def _reset_window(self) -> None:
+        self._window = _Window(self._t, self.busy_ns)
+
+    def _window_stats(self) -> tuple[int, int]:
+        return self._t - self._window.t0_ns, self.busy_ns - self._window.busy0_ns
+
+    def _governor_request(self, hz: int) -> None:
+        self._request(self._clamp(hz), self.profile.switch_latency_direct_ns)
+
+    def _tz_notify(self) -> None:
+        """msm-adreno-tz on a KGSL retire/idle notification (governor_msm_adreno_tz.c:
+        throttled to one call per interval; needs FLOOR window and MIN_BUSY busy;
+        busy above CEILING jumps to the top; otherwise TrustZone steps one level)."""
+        if self._governor != "msm-adreno-tz":
+            return
+        p = self.profile
+        last = self._tz_last_call_ns
+        if last is not None and self._t - last < p.tz_call_interval_ns:
+            return
+        self._tz_last_call_ns = self._t
+        total, busy = self._window_stats()
+        if total == 0 or total < p.tz_floor_ns or busy < p.tz_min_busy_ns:
+            return
+        self._reset_window()
+        i = self._levels.index(self._hz)
+        if busy > p.tz_ceiling_ns:
+            i = len(self._levels) - 1
+        elif busy > p.tz_up_busy_fraction * total:
+            i = min(i + 1, len(self._levels) - 1)
+        elif busy < p.tz_down_busy_fraction * total:
+            i = max(i - 1, 0)
+        self._governor_request(self._levels[i])
+
+    def _ondemand_poll(self) -> None:
+        """devfreq_simple_ondemand_func, integer arithmetic as in the kernel; devfreq
+        then takes the lowest level at or above the target."""
+        p = self.profile
+        total, busy = self._window_stats()
+        self._reset_window()
+        up, down = p.ondemand_up_threshold, p.ondemand_down_differential
+        top = self._levels[-1]
+        if total == 0 or busy * 100 > total * up:
+            target = top
+        elif busy * 100 > total * (up - down):
+            target = self._hz
+        else:
+            target_f = busy * self._hz // total * 100 // (up - down // 2)
+            target = next((lv for lv in self._levels if lv >= target_f), top)
+        self._governor_request(target)
+
+
+def available(arg: str | None = None, *, root: str = "/") -> tuple[bool, str]:
+    """The simulator is always available when its profile exists."""
+    name = arg or DEFAULT_PROFILE
+    try:
+        load_profile(name)
+    except (DeviceNotFound, ValueError) as e:
+        return False, str(e)
+    return True, f"simulated GPU, profile {name}"
+
+
+def open_backend(arg: str | None = None, *, root: str = "/") -> SimGpu:
+    gpu = SimGpu(arg or DEFAULT_PROFILE)
+    log.info("using the simulated GPU %s (all energy figures are simulated)", gpu.name)
+    return gpu
