@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ti_hooks: the native cb_eval for llama.cpp's graph scheduler. See ti_hooks.h.
+ *
+ * Hot path (ti_hook_eval): one clock read, up to three accessor calls, one fixed-size
+ * record copy into a preallocated ring. It never blocks, never allocates and never
+ * touches Python: llama.cpp calls it directly through the function pointer.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "ti_hooks.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TI_LAYER_OUT_PREFIX "l_out-" /* llama.cpp's name for a layer's output node */
+#define TI_MAX_CAPACITY (1u << 22)   /* 4 Mi records, about 1 GB of ring */
+
+struct ti_hook {
+	/* Immutable after ti_hook_create; read by both sides without ordering. */
+	struct ti_record *ring;
+	uint32_t capacity;
+	enum ti_granularity granularity;
+	struct ti_ggml_api api;
+	struct ti_layout layout;
+
+	/*
+	 * Ring indices, free-running (slot = index % capacity).
+	 * head: written only by the producer (the compute thread inside llama_decode),
+	 *       stored with release after the slot is filled; the consumer loads it with
+	 *       acquire before copying slots out.
+	 * tail: written only by the consumer (Python's drain, serialised by a Python
+	 *       lock), stored with release after the copy; the producer loads it with
+	 *       acquire before reusing a slot.
+	 */
+	_Atomic uint64_t head;
+	_Atomic uint64_t tail;
+
+	/* Incremented only by the producer (relaxed); read by anyone. */
+	_Atomic uint64_t overflow;
+
+	/*
+	 * Written by ti_hook_begin_graph between decodes, read by the producer during a
+	 * decode. The caller orders them (begin_graph returns before llama_decode starts),
+	 * so relaxed accesses suffice; atomics keep them free of data races.
+	 */
+	_Atomic uint64_t graph;
+	_Atomic int32_t next_node;
+
+	/* Producer only: index of the last asked node, for its done record. */
+	int32_t cur_node;
+
+	/* Set once by ti_hook_disable from any thread; checked first by the producer. */
+	_Atomic bool disabled;
+};
+
+static int64_t ti_now_ns(void)
+{
+	struct timespec ts;
+
+	/* CLOCK_MONOTONIC cannot fail on Linux; 0 marks a stamp we could not take. */
+	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+		return 0;
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Bounded copy that always NUL-terminates; a NULL source gives "". */
+static void ti_copy_str(char *dst, const char *src, size_t cap)
+{
+	size_t i = 0;
+
+	if (src != NULL) {
+		for (; i + 1 < cap && src[i] != '\0'; i++)
+			dst[i] = src[i];
+	}
+	dst[i] = '\0';
+}
+
+static void ti_read_shape(const void *tensor, const struct ti_layout *l, int64_t ne[4],
+			  int32_t *type)
+{
+	const char *base = tensor;
+
+	memcpy(ne, base + l->off_ne, 4 * sizeof(ne[0]));
+	memcpy(type, base + l->off_type, sizeof(*type));
+}
+
+static void ti_fill_shape(struct ti_record *r, const void *tensor, const struct ti_layout *l)
+{
+	const void *src[2];
+
+	ti_read_shape(tensor, l, r->ne, &r->type);
+	r->flags |= TI_HAS_SHAPE;
+	memcpy(src, (const char *)tensor + l->off_src, sizeof(src));
+	if (src[0] != NULL) {
+		ti_read_shape(src[0], l, r->src0_ne, &r->src0_type);
+		r->flags |= TI_HAS_SRC0;
+	}
+	if (src[1] != NULL) {
+		ti_read_shape(src[1], l, r->src1_ne, &r->src1_type);
+		r->flags |= TI_HAS_SRC1;
+	}
+}
+
+static void ti_push(struct ti_hook *h, const void *tensor, const char *name, int32_t node,
+		    enum ti_phase phase, int64_t t_ns)
+{
+	uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+	struct ti_record *r;
+
+	if (head - tail >= h->capacity) {
+		atomic_fetch_add_explicit(&h->overflow, 1, memory_order_relaxed);
+		return;
+	}
+	r = &h->ring[head % h->capacity];
+	*r = (struct ti_record){
+		.t_ns = t_ns,
+		.graph = atomic_load_explicit(&h->graph, memory_order_relaxed),
+		.nbytes = h->api.nbytes(tensor),
+		.node = node,
+		.type = -1,
+		.src0_type = -1,
+		.src1_type = -1,
+		.phase = (uint8_t)phase,
+	};
+	ti_copy_str(r->op, h->api.op_desc(tensor), sizeof(r->op));
+	ti_copy_str(r->name, name, sizeof(r->name));
+	if (h->layout.valid)
+		ti_fill_shape(r, tensor, &h->layout);
+	atomic_store_explicit(&h->head, head + 1, memory_order_release);
+}
+
+static bool ti_wants_done(const struct ti_hook *h, const char *name)
+{
+	switch (h->granularity) {
+	case TI_KERNEL:
+		return true;
+	case TI_LAYER:
+		return name != NULL &&
+		       strncmp(name, TI_LAYER_OUT_PREFIX, sizeof(TI_LAYER_OUT_PREFIX) - 1) == 0;
+	case TI_GRAPH:
+		break;
+	}
+	return false;
+}
+
+TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
+{
+	int64_t t_ns = ti_now_ns();
+	struct ti_hook *h = user_data;
+	const char *name;
+	int32_t node;
+
+	/* Inert answers: false on ask (no sync), true on done (false would abort). */
+	if (h == NULL || tensor == NULL ||
+	    atomic_load_explicit(&h->disabled, memory_order_relaxed))
+		return !ask;
+
+	name = h->api.get_name(tensor);
+	if (!ask) {
+		ti_push(h, tensor, name, h->cur_node, TI_DONE, t_ns);
+		return true;
+	}
+	node = atomic_load_explicit(&h->next_node, memory_order_relaxed);
+	atomic_store_explicit(&h->next_node, node + 1, memory_order_relaxed);
+	h->cur_node = node;
+	ti_push(h, tensor, name, node, TI_ASK, t_ns);
+	return ti_wants_done(h, name);
+}
+
+static bool ti_config_ok(const struct ti_hook_config *cfg)
+{
+	const struct ti_layout *l;
+
+	if (cfg == NULL || cfg->capacity == 0 || cfg->capacity > TI_MAX_CAPACITY)
+		return false;
+	if (cfg->granularity != TI_GRAPH && cfg->granularity != TI_LAYER &&
+	    cfg->granularity != TI_KERNEL)
+		return false;
+	if (cfg->api.op_desc == NULL || cfg->api.get_name == NULL || cfg->api.nbytes == NULL)
+		return false;
+	l = &cfg->layout;
+	return !l->valid || (l->off_type >= 0 && l->off_ne >= 0 && l->off_src >= 0);
+}
+
+TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out)
+{
+	struct ti_hook *h = NULL;
+	struct ti_record *ring = NULL;
+	int err = -EINVAL;
+
+	if (out == NULL || !ti_config_ok(cfg))
+		goto fail;
+	err = -ENOMEM;
+	h = calloc(1, sizeof(*h));
+	if (h == NULL)
+		goto fail;
+	ring = calloc(cfg->capacity, sizeof(*ring));
+	if (ring == NULL)
+		goto fail_hook;
+
+	h->ring = ring;
+	h->capacity = cfg->capacity;
+	h->granularity = (enum ti_granularity)cfg->granularity;
+	h->api = cfg->api;
+	h->layout = cfg->layout;
+	h->cur_node = -1;
+	atomic_init(&h->head, 0);
+	atomic_init(&h->tail, 0);
+	atomic_init(&h->overflow, 0);
+	atomic_init(&h->graph, 0);
+	atomic_init(&h->next_node, 0);
+	atomic_init(&h->disabled, false);
+	*out = h;
+	return 0;
+
+fail_hook:
+	free(h);
+fail:
+	return err;
+}
+
+TI_API void ti_hook_destroy(struct ti_hook *h)
+{
+	if (h == NULL)
+		return;
+	free(h->ring);
+	free(h);
+}
+
+TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h)
+{
+	uint64_t seq;
+
+	if (h == NULL)
+		return 0;
+	seq = atomic_load_explicit(&h->graph, memory_order_relaxed) + 1;
+	atomic_store_explicit(&h->graph, seq, memory_order_relaxed);
+	atomic_store_explicit(&h->next_node, 0, memory_order_relaxed);
+	return seq;
+}
+
+TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t max)
+{
+	uint64_t tail, head, n, first, run;
+
+	if (h == NULL || out == NULL)
+		return 0;
+	tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
+	head = atomic_load_explicit(&h->head, memory_order_acquire);
+	n = head - tail;
+	if (n > max)
+		n = max;
+	first = tail % h->capacity;
+	run = h->capacity - first;
+	if (run > n)
+		run = n;
+	memcpy(out, &h->ring[first], run * sizeof(*out));
+	memcpy(out + run, h->ring, (n - run) * sizeof(*out));
+	atomic_store_explicit(&h->tail, tail + n, memory_order_release);
+	return (uint32_t)n;
+}
+
+TI_API uint64_t ti_hook_overflow(const struct ti_hook *h)
+{
+	if (h == NULL)
+		return 0;
+	return atomic_load_explicit(&h->overflow, memory_order_relaxed);
+}
+
+TI_API void ti_hook_disable(struct ti_hook *h)
+{
+	if (h != NULL)
+		atomic_store_explicit(&h->disabled, true, memory_order_relaxed);
+}
+
+TI_API size_t ti_record_size(void)
+{
+	return sizeof(struct ti_record);
+}
+
+TI_API size_t ti_config_size(void)
+{
+	return sizeof(struct ti_hook_config);
+}
+
+#define TI_FIELD(f) { #f, offsetof(struct ti_record, f) }
+
+static const struct {
+	const char *name;
+	size_t offset;
+} ti_record_fields[] = {
+	TI_FIELD(t_ns),	     TI_FIELD(graph),	  TI_FIELD(ne),	       TI_FIELD(src0_ne),
+	TI_FIELD(src1_ne),   TI_FIELD(nbytes),	  TI_FIELD(node),      TI_FIELD(type),
+	TI_FIELD(src0_type), TI_FIELD(src1_type), TI_FIELD(phase),     TI_FIELD(flags),
+	TI_FIELD(op),	     TI_FIELD(name),
+};
+
+TI_API int64_t ti_record_field_offset(const char *field)
+{
+	size_t i;
+
+	if (field == NULL)
+		return -1;
+	for (i = 0; i < sizeof(ti_record_fields) / sizeof(ti_record_fields[0]); i++) {
+		if (strcmp(ti_record_fields[i].name, field) == 0)
+			return (int64_t)ti_record_fields[i].offset;
+	}
+	return -1;
+}

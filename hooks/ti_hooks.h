@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ti_hooks: a ggml scheduler eval callback (cb_eval) that stamps every graph node
+ * into a fixed-size single-producer/single-consumer ring of fixed-size records.
+ *
+ * The library has no link-time dependency on ggml. The caller (Python, ctypes) passes
+ * the addresses of ggml's exported accessors and, when its mirror of the ggml_tensor
+ * struct prefix was verified, the byte offsets of the fields that have no accessor
+ * (type, ne, src). Without a verified layout, records carry op, name and size only.
+ */
+#ifndef TI_HOOKS_H
+#define TI_HOOKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TI_API __attribute__((visibility("default")))
+
+#define TI_NAME_LEN 64 /* ggml's GGML_MAX_NAME; longer names are truncated */
+#define TI_OP_LEN 32   /* longest ggml op description is 23 characters */
+
+enum ti_granularity {
+	TI_GRAPH = 0,  /* record asks only, never force a sync */
+	TI_LAYER = 1,  /* sync at each layer output node (name "l_out-<i>") */
+	TI_KERNEL = 2, /* sync at every node: per-kernel completion times */
+};
+
+enum ti_phase {
+	TI_ASK = 0,
+	TI_DONE = 1,
+};
+
+enum ti_record_flags {
+	TI_HAS_SHAPE = 1, /* ne and type are valid */
+	TI_HAS_SRC0 = 2,  /* src0_ne and src0_type are valid */
+	TI_HAS_SRC1 = 4,  /* src1_ne and src1_type are valid */
+};
+
+/* One node observation. Layout is checked from Python with ti_record_field_offset. */
+struct ti_record {
+	int64_t t_ns;       /* CLOCK_MONOTONIC */
+	uint64_t graph;     /* graph sequence number, set by ti_hook_begin_graph */
+	int64_t ne[4];
+	int64_t src0_ne[4];
+	int64_t src1_ne[4];
+	uint64_t nbytes;    /* ggml_nbytes */
+	int32_t node;       /* index of the node in the graph's callback order */
+	int32_t type;       /* enum ggml_type, -1 when unknown */
+	int32_t src0_type;
+	int32_t src1_type;
+	uint8_t phase;      /* enum ti_phase */
+	uint8_t flags;      /* enum ti_record_flags */
+	uint8_t reserved[6];
+	char op[TI_OP_LEN];     /* ggml_op_desc, NUL-terminated */
+	char name[TI_NAME_LEN]; /* ggml_get_name, NUL-terminated */
+};
+
+typedef const char *(*ti_op_desc_fn)(const void *tensor);
+typedef const char *(*ti_get_name_fn)(const void *tensor);
+typedef size_t (*ti_nbytes_fn)(const void *tensor);
+
+/* Addresses of ggml's accessors in libggml-base; all three are required. */
+struct ti_ggml_api {
+	ti_op_desc_fn op_desc;
+	ti_get_name_fn get_name;
+	ti_nbytes_fn nbytes;
+};
+
+/* Byte offsets inside struct ggml_tensor, used only when valid != 0. */
+struct ti_layout {
+	int32_t valid;
+	int32_t off_type; /* enum ggml_type (int32) */
+	int32_t off_ne;   /* int64_t ne[4] */
+	int32_t off_src;  /* struct ggml_tensor *src[...], at least two entries */
+};
+
+struct ti_hook_config {
+	uint32_t capacity;   /* records in the ring, > 0 */
+	int32_t granularity; /* enum ti_granularity */
+	struct ti_ggml_api api;
+	struct ti_layout layout;
+};
+
+struct ti_hook;
+
+/* 0 on success, -EINVAL for a bad config, -ENOMEM when the ring cannot be allocated. */
+TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out);
+/* Frees the ring. The callback must no longer be reachable (context freed). */
+TI_API void ti_hook_destroy(struct ti_hook *h);
+/* The cb_eval itself: pass its address as context_params.cb_eval, h as user data. */
+TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data);
+/* Before each llama_decode: graph seq += 1, node index back to 0. Returns the seq. */
+TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h);
+/* Copies up to max records, oldest first, and frees their slots. Returns the count. */
+TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t max);
+/* Records dropped because the ring was full. */
+TI_API uint64_t ti_hook_overflow(const struct ti_hook *h);
+/* Makes the callback inert at once: no records, false on ask, true on done. */
+TI_API void ti_hook_disable(struct ti_hook *h);
+
+/* ABI checks for the Python side. */
+TI_API size_t ti_record_size(void);
+TI_API size_t ti_config_size(void);
+/* Offset of a ti_record field by name, -1 when the name is unknown. */
+TI_API int64_t ti_record_field_offset(const char *field);
+
+#endif /* TI_HOOKS_H */
