@@ -29,7 +29,7 @@ class PowerSettings(BaseSettings):
         ),
     )
     ring_capacity: int = Field(
-        default=65536,
+        default=8192,
         gt=0,
         description="Slots in the hook's lock-free ring buffer; when full, records are "
         "counted as overflow and dropped, never blocking the engine.",

@@ -1,1 +1,1 @@
-
+"""Recording, replaying and exporting engine traces."""

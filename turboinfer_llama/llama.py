@@ -1,0 +1,172 @@
+"""The drop-in ``Llama``: llama-cpp-python's class plus power-saving hooks.
+
+It hooks only narrow public points: the context parameters at creation (for the eval
+callback), ``eval``, ``sample``, ``generate`` and ``reset``. With
+``power_saving=False`` nothing is installed and it behaves as plain llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any
+
+import llama_cpp
+import llama_cpp.llama_cpp as llama_capi
+from pydantic import ValidationError
+
+from .engine.events import EventKind
+from .engine.hooks import EvalHook, make_hook
+from .session import PowerSession
+from .settings import PowerSettings
+
+# llama-cpp-python builds its context params inside __init__; we wrap the public
+# params constructor for the duration of one construction so the callback is in the
+# params when the context is created. The lock keeps concurrent constructions apart.
+_PARAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _eval_callback_in_context_params(hook: EvalHook) -> Iterator[None]:
+    original = llama_capi.llama_context_default_params
+
+    def with_callback() -> llama_capi.llama_context_params:
+        params = original()
+        params.cb_eval = hook.cb_eval
+        params.cb_eval_user_data = hook.user_data
+        return params
+
+    with _PARAMS_LOCK:
+        llama_capi.llama_context_default_params = with_callback
+        try:
+            yield
+        finally:
+            llama_capi.llama_context_default_params = original
+
+
+def _settings(power: PowerSettings | dict[str, Any] | None) -> PowerSettings:
+    if power is None:
+        return PowerSettings()
+    if isinstance(power, PowerSettings):
+        return power
+    if isinstance(power, dict):
+        try:
+            return PowerSettings(**power)
+        except ValidationError as e:
+            raise ValueError(f"invalid power settings: {e}") from e
+    raise TypeError(f"power must be PowerSettings, dict or None, not {type(power).__name__}")
+
+
+class Llama(llama_cpp.Llama):
+    """``llama_cpp.Llama`` with stall-aware GPU frequency control.
+
+    Takes every argument ``llama_cpp.Llama`` takes, plus ``power_saving`` (False makes
+    the plugin inert) and ``power`` (a ``PowerSettings``, a dict of its fields, or None
+    for the defaults and ``TURBOINFER_*`` environment variables).
+    """
+
+    power: PowerSession | None
+
+    def __init__(
+        self,
+        *args: Any,
+        power_saving: bool = True,
+        power: PowerSettings | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.power = None
+        self.power_saving = power_saving
+        self._prefill_pending = False
+        self._kv_high_water = 0
+        if not power_saving:
+            super().__init__(*args, **kwargs)
+            return
+        settings = _settings(power)
+        hook = make_hook(settings.granularity, settings.ring_capacity, native=settings.native_hooks)
+        try:
+            with _eval_callback_in_context_params(hook):
+                super().__init__(*args, **kwargs)
+        except BaseException:
+            hook.disable()
+            raise
+        self.power = PowerSession(settings, hook)
+        # The ExitStack unwinds in reverse: this runs before the context is freed.
+        self._stack.callback(self.power.detach)
+
+    # -- per-token events --------------------------------------------------------
+    def eval(self, tokens: Sequence[int]) -> None:
+        p = self.power
+        if p is None:
+            return super().eval(tokens)
+        prefill = self._prefill_pending or len(tokens) > 1
+        self._prefill_pending = False
+        if self.n_tokens < self._kv_high_water:
+            p.emit(EventKind.KV_EDIT, detail=f"seq_rm p0={self.n_tokens}")
+        if prefill:
+            p.emit(EventKind.PREFILL_BEGIN, n_tokens=len(tokens))
+        p.on_decode_begin(len(tokens))
+        try:
+            super().eval(tokens)
+        finally:
+            p.on_decode_end()
+            if prefill:
+                p.emit(EventKind.PREFILL_END)
+            self._kv_high_water = self.n_tokens
+
+    def sample(self, *args: Any, **kwargs: Any) -> int:
+        p = self.power
+        if p is None:
+            return super().sample(*args, **kwargs)
+        p.emit(EventKind.SAMPLE_BEGIN)
+        try:
+            return super().sample(*args, **kwargs)
+        finally:
+            p.emit(EventKind.SAMPLE_END)
+
+    def reset(self) -> None:
+        if self.power is not None:
+            self.power.emit(EventKind.KV_EDIT, detail="reset")
+            self._kv_high_water = 0
+        super().reset()
+
+    def generate(
+        self, tokens: Sequence[int], *args: Any, **kwargs: Any
+    ) -> Generator[int, Sequence[int] | None, None]:
+        p = self.power
+        if p is None:
+            yield from super().generate(tokens, *args, **kwargs)
+            return
+        p.on_request_begin(len(tokens))
+        self._prefill_pending = True
+        n = 0
+        inner = super().generate(tokens, *args, **kwargs)
+        try:
+            token = next(inner)
+            while True:
+                p.on_token(n)
+                n += 1
+                sent = yield token
+                token = inner.send(sent)
+        except StopIteration:
+            pass
+        finally:
+            inner.close()
+            self._prefill_pending = False
+            p.on_request_end(n)
+
+    # -- teardown ----------------------------------------------------------------
+    def close(self) -> None:
+        """Detach the hooks, free the model and context, then free the hook ring."""
+        power = getattr(self, "power", None)
+        if power is not None:
+            power.detach()
+        super().close()
+        if power is not None:
+            power.close()
+
+    def __enter__(self) -> Llama:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
