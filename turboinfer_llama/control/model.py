@@ -1,0 +1,201 @@
+"""Workload model: how kernel time and energy depend on the clock, identified online.
+
+* **Intensity** (:class:`Intensity`) is the paper's instructions / frequency: PMU
+  instructions per cycle at the current clock. High means the clock is too low for
+  the work, low means it is too high. Without a PMU we fall back to busy time
+  (busy fraction of the window). A jump in intensity re-opens the estimator below.
+* **Time model** (:class:`PhaseModel`), one per phase (prefill, decode, kv):
+  each node's time at clock ``f`` is a roofline on the cost model's numbers,
+  ``max(th_c * c * f_max/f, th_m * m) + th_o * launch``, where ``c``/``m`` are the
+  node's compute/memory times at the top clock from ``engine.graph`` and ``th`` are
+  efficiency factors. Given which side of the roofline each node is on, observed
+  time is linear in ``th``, so recursive least squares with forgetting identifies
+  them from (work, clock, time) observations. The compute-bound fraction at ``f``
+  follows: the share of predicted time on the compute side.
+* **Sweet spot**: the level minimising predicted busy energy ``P_busy(f) * t(f)`` for
+  a phase's graph under current conditions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..devices.base import Counters
+from ..engine.graph import REF_BYTES_PER_S, REF_OPS_PER_S
+
+# Nominal cost of launching one (non-no-op) kernel, ns, before identification. The RLS
+# rescales it; the value only matters for the first graph.
+_LAUNCH_NS = 1_000.0
+
+
+@dataclass(frozen=True)
+class PowerTable:
+    """Power per level. ``busy_w`` while computing, ``idle_w`` while stalled (clock on,
+    GPU waiting), ``switch_j`` per frequency change. ``source`` names where the numbers
+    come from (a device profile, or the labelled assumption of :meth:`assumed`)."""
+
+    levels_hz: np.ndarray
+    busy_w: np.ndarray
+    idle_w: np.ndarray
+    switch_j: float
+    source: str
+
+    @classmethod
+    def assumed(cls, levels_hz: list[int], *, top_busy_w: float = 3.0) -> PowerTable:
+        """ASSUMPTION (no vendor power numbers): voltage linear in frequency from 0.60 V
+        at the lowest level to 0.90 V at the top (typical mobile GPU DVFS range; the
+        Adreno device tree gives only RPMh corners), dynamic power C*V^2*f scaled so
+        the top level draws ``top_busy_w``, leakage 0.25 W * (V/0.9)^3, a stalled GPU
+        keeps leakage plus 15% of dynamic power (clock tree), 20 uJ per switch."""
+        f = np.asarray(sorted(levels_hz), dtype=np.float64)
+        span = max(f[-1] - f[0], 1.0)
+        v = 0.60 + 0.30 * (f - f[0]) / span
+        leak = 0.25 * (v / 0.9) ** 3
+        dyn = v**2 * f
+        dyn = dyn / dyn[-1] * (top_busy_w - leak[-1])
+        return cls(f, leak + dyn, leak + 0.15 * dyn, 20e-6, "assumed (model.PowerTable.assumed)")
+
+    @classmethod
+    def from_device(cls, device: object) -> PowerTable:
+        """The device's own table when it publishes one (``power_table()`` returning
+        ``(levels_hz, busy_w, idle_w, switch_j, source)``), else :meth:`assumed`."""
+        get = getattr(device, "power_table", None)
+        if callable(get):
+            levels, busy, idle, switch_j, source = get()
+            return cls(
+                np.asarray(levels, dtype=np.float64),
+                np.asarray(busy, dtype=np.float64),
+                np.asarray(idle, dtype=np.float64),
+                float(switch_j),
+                str(source),
+            )
+        return cls.assumed(device.frequencies_hz())  # type: ignore[attr-defined]
+
+
+class Intensity:
+    """Instructions per cycle at the current clock, from successive counter readings;
+    busy fraction when the device has no PMU (``source`` says which)."""
+
+    def __init__(self) -> None:
+        self._last: Counters | None = None
+        self.value: float | None = None
+        self.source = "none"
+
+    def update(self, c: Counters) -> float | None:
+        last, self._last = self._last, c
+        if last is None:
+            return None
+        dt_ns = c.total_ns - last.total_ns
+        if dt_ns <= 0:
+            return self.value
+        if c.instructions is not None and last.instructions is not None and c.freq_hz > 0:
+            cycles = dt_ns * 1e-9 * c.freq_hz
+            self.value, self.source = (c.instructions - last.instructions) / cycles, "pmu"
+        else:
+            self.value, self.source = (c.busy_ns - last.busy_ns) / dt_ns, "busy"
+        return self.value
+
+
+def node_times(flops: np.ndarray, bytes_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-node compute and memory time (ns) at the top clock, from cost-model work."""
+    return flops / REF_OPS_PER_S * 1e9, bytes_ / REF_BYTES_PER_S * 1e9
+
+
+class PhaseModel:
+    """RLS with forgetting over ``th = (th_c, th_m, th_o)`` for one phase."""
+
+    def __init__(self, f_max_hz: float, *, forget: float = 0.95) -> None:
+        self.f_max_hz = float(f_max_hz)
+        self.forget = forget
+        self.theta = np.array([1.0, 1.0, 1.0])
+        self._p0 = np.diag([1.0, 1.0, 1.0])
+        self.P = self._p0.copy()
+        self.n_obs = 0
+        self.last_residual = 0.0
+
+    def features(
+        self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, f_hz: np.ndarray | float
+    ) -> np.ndarray:
+        """Summed regressors ``(C(f), M(f), launches)`` of nodes run at ``f_hz`` (scalar
+        or per node): each node counts on the side of the roofline it is on."""
+        cf = c_ns * (self.f_max_hz / np.asarray(f_hz, dtype=np.float64))
+        comp = self.theta[0] * cf >= self.theta[1] * m_ns
+        return np.array(
+            [float(cf[comp].sum()), float(m_ns[~comp].sum()), float(launches.sum() * _LAUNCH_NS)]
+        )
+
+    def update(self, x: np.ndarray, y_ns: float) -> None:
+        """One observation: regressors ``x`` took ``y_ns``."""
+        P = self.P
+        px = P @ x
+        denom = self.forget + float(x @ px)
+        k = px / denom
+        err = y_ns - float(x @ self.theta)
+        self.theta = np.maximum(self.theta + k * err, 1e-3)
+        P = (P - np.outer(k, px)) / self.forget
+        # Bound covariance windup in directions no observation excites.
+        self.P = np.minimum(P, self._p0) if np.trace(P) > np.trace(self._p0) else P
+        self.n_obs += 1
+        self.last_residual = err / max(y_ns, 1.0)
+
+    def reopen(self) -> None:
+        """Forget confidence (not the estimate): the workload changed."""
+        self.P = self._p0.copy()
+
+    def level_times(
+        self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, levels_hz: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per-node time at every level, shape (nodes, levels), and the compute-side
+        part of it (for the compute-bound fraction)."""
+        comp = self.theta[0] * c_ns[:, None] * (self.f_max_hz / levels_hz[None, :])
+        mem = self.theta[1] * m_ns[:, None]
+        t = np.maximum(comp, mem) + self.theta[2] * _LAUNCH_NS * launches[:, None]
+        return t, np.where(comp >= mem, comp, 0.0)
+
+
+class WorkloadModel:
+    """Per-phase time models, intensity tracking and the sweet-spot frequency."""
+
+    PHASES = ("prefill", "decode", "kv")
+
+    def __init__(self, power: PowerTable, *, intensity_jump: float = 0.25) -> None:
+        self.power = power
+        self.levels_hz = power.levels_hz
+        f_max = float(power.levels_hz[-1])
+        self.phases = {p: PhaseModel(f_max) for p in self.PHASES}
+        self.intensity = Intensity()
+        self._intensity_ewma: float | None = None
+        self.intensity_jump = intensity_jump
+        self.reopened = 0
+
+    def observe_counters(self, c: Counters, phase: str) -> None:
+        """Track intensity; a jump of more than ``intensity_jump`` against its running
+        mean means the workload changed, so that phase's estimator is re-opened."""
+        val = self.intensity.update(c)
+        if val is None:
+            return
+        ref = self._intensity_ewma
+        if ref is not None and ref > 0 and abs(val - ref) / ref > self.intensity_jump:
+            if phase in self.phases:
+                self.phases[phase].reopen()
+                self.reopened += 1
+            self._intensity_ewma = val
+        else:
+            self._intensity_ewma = val if ref is None else 0.8 * ref + 0.2 * val
+
+    def compute_bound_fraction(
+        self, phase: str, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray
+    ) -> np.ndarray:
+        """Compute-bound fraction of a graph's time at each level."""
+        t, comp = self.phases[phase].level_times(c_ns, m_ns, launches, self.levels_hz)
+        return comp.sum(axis=0) / np.maximum(t.sum(axis=0), 1e-9)
+
+    def sweet_spot_hz(
+        self, phase: str, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray
+    ) -> int:
+        """Level with the least busy energy for this work under the current model."""
+        t, _ = self.phases[phase].level_times(c_ns, m_ns, launches, self.levels_hz)
+        energy = self.power.busy_w * t.sum(axis=0)
+        return int(self.levels_hz[int(np.argmin(energy))])
