@@ -105,6 +105,7 @@ class FakeAdbServer:
                 continue
             except OSError:
                 return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as adb does
             with self._lock:
                 self._clients.add(sock)
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
