@@ -1,0 +1,130 @@
+"""Eval hooks without a model: argument checks, the ggml struct mirror, the native ABI."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from turboinfer_llama.engine import ggml_mirror, hooks
+from turboinfer_llama.engine.events import EventKind
+
+pytest.importorskip("llama_cpp")
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("granularity", ["token", "", "KERNEL", None])
+def test_unknown_granularity_names_the_choices(native: bool, granularity: str) -> None:
+    with pytest.raises(ValueError, match="graph, layer, kernel"):
+        hooks.make_hook(granularity, 16, native=native)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("capacity", [0, -1, hooks.MAX_RING_CAPACITY + 1, True, 2.5, "8"])
+def test_bad_capacity_is_refused(native: bool, capacity: object) -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        hooks.make_hook("kernel", capacity, native=native)  # type: ignore[arg-type]
+
+
+def test_mirror_matches_this_ggml() -> None:
+    layout = ggml_mirror.tensor_layout()
+    assert layout.valid, layout.reason
+    prefix = ggml_mirror.TensorPrefix
+    assert (layout.off_type, layout.off_ne, layout.off_src) == (
+        prefix.type.offset,
+        prefix.ne.offset,
+        prefix.src.offset,
+    )
+
+
+def test_a_shifted_mirror_is_caught_with_a_reason() -> None:
+    class Shifted(ctypes.Structure):
+        _fields_ = [("extra", ctypes.c_int64), *ggml_mirror.TensorPrefix._fields_]
+
+    layout = ggml_mirror.check_layout(ggml_mirror.load_ggml(), Shifted)
+    assert not layout.valid
+    assert "ne" in layout.reason and "src of ggml_add" in layout.reason
+    assert layout.off_ne == -1
+
+
+def test_native_library_matches_the_record_dtype() -> None:
+    if not hooks.NATIVE_AVAILABLE:
+        pytest.skip(f"native hooks not built: {hooks._NATIVE_WHY}")
+    lib = hooks._NATIVE_LIB
+    assert lib is not None
+    assert lib.ti_record_size() == hooks.RECORD_DTYPE.itemsize
+    assert lib.ti_record_field_offset(b"no_such_field") == -1
+    assert hooks._abi_mismatch(lib) == ""
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_disabled_hook_never_syncs_or_aborts(native: bool) -> None:
+    if native and not hooks.NATIVE_AVAILABLE:
+        pytest.skip("native hooks not built")
+    hook = hooks.make_hook("kernel", 8, native=native)
+    try:
+        hook.disable()
+        # The pointer is never read once disabled, so any non-null value will do.
+        assert hook.cb_eval(0x1000, True, hook.user_data) is False
+        assert hook.cb_eval(0x1000, False, hook.user_data) is True
+        assert hook.drain() == []
+        assert hook.overflow == 0
+    finally:
+        hook.close()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_close_is_idempotent(native: bool) -> None:
+    if native and not hooks.NATIVE_AVAILABLE:
+        pytest.skip("native hooks not built")
+    hook = hooks.make_hook("graph", 8, native=native)
+    assert hook.native is (native and hooks.NATIVE_AVAILABLE)
+    assert isinstance(hook, hooks.EvalHook)
+    assert hook.begin_graph() == 1
+    hook.close()
+    hook.close()
+    assert hook.drain() == []
+    with pytest.raises(hooks.HookError, match="closed"):
+        hook.begin_graph()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_records_from_real_ggml_tensors(native: bool) -> None:
+    """Drive the callback by hand with tensors built in libggml-base."""
+    if native and not hooks.NATIVE_AVAILABLE:
+        pytest.skip("native hooks not built")
+    api = ggml_mirror.load_ggml()
+    lib = api.lib
+    params = ggml_mirror._InitParams(
+        mem_size=8 * lib.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True
+    )
+    ctx = lib.ggml_init(params)
+    assert ctx
+    hook = hooks.make_hook("layer", 16, native=native)
+    try:
+        a = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 3, 1, 1)
+        b = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 1, 1, 1)
+        s = lib.ggml_add(ctx, a, b)
+        lib.ggml_set_name(a, b"attn_norm-0")
+        lib.ggml_set_name(s, b"l_out-7")
+        assert hook.begin_graph() == 1
+        assert hook.cb_eval(a, True, hook.user_data) is False  # not a layer output
+        assert hook.cb_eval(s, True, hook.user_data) is True  # l_out: sync here
+        assert hook.cb_eval(s, False, hook.user_data) is True  # done never aborts
+        events = hook.drain()
+    finally:
+        hook.close()
+        lib.ggml_free(ctx)
+    assert [(e.kind, e.node, e.name, e.layer, e.op) for e in events] == [
+        (EventKind.NODE_ASK, 0, "attn_norm-0", 0, "NONE"),
+        (EventKind.NODE_ASK, 1, "l_out-7", 7, "ADD"),
+        (EventKind.NODE_DONE, 1, "l_out-7", 7, "ADD"),
+    ]
+    assert all(e.graph == 1 for e in events)
+    assert events[0].t_ns <= events[1].t_ns <= events[2].t_ns
+    shape = events[1].shape
+    assert shape is not None
+    assert shape.ne == (4, 3, 1, 1) and shape.type == ggml_mirror.GGML_TYPE_F32
+    assert shape.src0_ne == (4, 3, 1, 1) and shape.src1_ne == (4, 1, 1, 1)
+    assert shape.nbytes == 4 * 3 * 4
+    assert events[0].shape is not None and events[0].shape.src0_ne is None

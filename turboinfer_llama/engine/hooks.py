@@ -1,0 +1,486 @@
+"""Eval callbacks that watch llama.cpp's graph from inside: one record per node ask/done.
+
+llama.cpp's scheduler calls ``cb_eval(tensor, ask, user_data)`` for each graph node in
+execution order. On ``ask`` the answer decides whether the backend computes up to that
+node and synchronises (True, then a second call with ``ask=False``) or carries on (False).
+A False on ``ask=False`` aborts the graph, so done calls always answer True.
+
+Two implementations share one contract (:class:`EvalHook`):
+
+* :class:`NativeHook` hands llama.cpp the C function ``ti_hook_eval`` itself
+  (``hooks/ti_hooks.c``): records go into a lock-free ring without the GIL.
+* :class:`PythonHook` is a ctypes callback recording the same fields; it is the
+  fallback when the C library was not built, and the oracle in tests.
+
+Granularity decides where the hook forces a sync: ``graph`` never (asks only),
+``layer`` at each layer's output node (``l_out-<i>``), ``kernel`` at every node.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import importlib.machinery
+import logging
+import os
+import threading
+from collections.abc import Hashable, Iterable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .._clock import now_ns
+from .events import Event, EventKind, NodeShape, layer_of
+from .ggml_mirror import GgmlApi, TensorLayout, TensorPrefix, load_ggml, tensor_layout
+
+logger = logging.getLogger("turboinfer_llama")
+
+GRANULARITIES = ("graph", "layer", "kernel")
+_GRANULARITY_CODE = {"graph": 0, "layer": 1, "kernel": 2}
+LAYER_OUT_PREFIX = b"l_out-"  # llama.cpp's name for a layer's output node
+MAX_RING_CAPACITY = 1 << 22  # same bound as TI_MAX_CAPACITY in ti_hooks.c
+_DRAIN_CHUNK = 4096  # records copied out of the native ring per call
+
+_OP_LEN = 32  # TI_OP_LEN: stored with a NUL, so at most 31 characters
+_NAME_LEN = 64  # TI_NAME_LEN
+_HAS_SHAPE, _HAS_SRC0, _HAS_SRC1 = 1, 2, 4
+_ASK, _DONE = 0, 1
+
+# struct ti_record (hooks/ti_hooks.h); checked field by field against the library.
+RECORD_DTYPE = np.dtype(
+    [
+        ("t_ns", "<i8"),
+        ("graph", "<u8"),
+        ("ne", "<i8", (4,)),
+        ("src0_ne", "<i8", (4,)),
+        ("src1_ne", "<i8", (4,)),
+        ("nbytes", "<u8"),
+        ("node", "<i4"),
+        ("type", "<i4"),
+        ("src0_type", "<i4"),
+        ("src1_type", "<i4"),
+        ("phase", "u1"),
+        ("flags", "u1"),
+        ("reserved", "V6"),
+        ("op", f"S{_OP_LEN}"),
+        ("name", f"S{_NAME_LEN}"),
+    ]
+)
+_SHAPE_FIELDS = ["flags", "ne", "type", "src0_ne", "src0_type", "src1_ne", "src1_type", "nbytes"]
+
+
+class HookError(RuntimeError):
+    """The native hook library refused a request (bad config, out of memory)."""
+
+
+@runtime_checkable
+class EvalHook(Protocol):
+    """What the Llama subclass needs from a hook, native or pure Python."""
+
+    granularity: str
+    native: bool
+    cb_eval: Any  # a llama_cpp.ggml_backend_sched_eval_callback, for context_params.cb_eval
+    user_data: ctypes.c_void_p | None  # for context_params.cb_eval_user_data
+
+    def begin_graph(self) -> int:
+        """Call right before each llama_decode: graph seq += 1, node index to 0."""
+        ...
+
+    def drain(self) -> list[Event]:
+        """NODE_ASK / NODE_DONE events recorded since the last drain, in order."""
+        ...
+
+    @property
+    def overflow(self) -> int:
+        """Records dropped because the ring was full."""
+        ...
+
+    def disable(self) -> None:
+        """Make the callback inert at once (records nothing, never syncs or aborts)."""
+        ...
+
+    def close(self) -> None:
+        """Free the ring; only after the llama context is freed. Idempotent."""
+        ...
+
+
+class _Config(ctypes.Structure):
+    """struct ti_hook_config (hooks/ti_hooks.h)."""
+
+    _fields_ = [
+        ("capacity", ctypes.c_uint32),
+        ("granularity", ctypes.c_int32),
+        ("op_desc", ctypes.c_void_p),
+        ("get_name", ctypes.c_void_p),
+        ("nbytes", ctypes.c_void_p),
+        ("valid", ctypes.c_int32),
+        ("off_type", ctypes.c_int32),
+        ("off_ne", ctypes.c_int32),
+        ("off_src", ctypes.c_int32),
+    ]
+
+
+def _native_path() -> Path | None:
+    here = Path(__file__).resolve().parent.parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_ti_hooks{suffix}"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _abi_mismatch(lib: ctypes.CDLL) -> str:
+    """Empty if the library's record and config layouts match ours, else why not."""
+    if lib.ti_record_size() != RECORD_DTYPE.itemsize:
+        return f"record size {lib.ti_record_size()} != {RECORD_DTYPE.itemsize}"
+    if lib.ti_config_size() != ctypes.sizeof(_Config):
+        return f"config size {lib.ti_config_size()} != {ctypes.sizeof(_Config)}"
+    for field, (_, offset) in RECORD_DTYPE.fields.items():
+        if field != "reserved" and lib.ti_record_field_offset(field.encode()) != offset:
+            return f"record field {field} is not at offset {offset}"
+    return ""
+
+
+def _load_native() -> tuple[ctypes.CDLL | None, str]:
+    path = _native_path()
+    if path is None:
+        return None, "turboinfer_llama/_ti_hooks was not built"
+    try:
+        lib = ctypes.CDLL(str(path))
+        vp = ctypes.c_void_p
+        for name, restype, argtypes in [
+            ("ti_hook_create", ctypes.c_int, [ctypes.POINTER(_Config), ctypes.POINTER(vp)]),
+            ("ti_hook_destroy", None, [vp]),
+            ("ti_hook_begin_graph", ctypes.c_uint64, [vp]),
+            ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
+            ("ti_hook_overflow", ctypes.c_uint64, [vp]),
+            ("ti_hook_disable", None, [vp]),
+            ("ti_record_size", ctypes.c_size_t, []),
+            ("ti_config_size", ctypes.c_size_t, []),
+            ("ti_record_field_offset", ctypes.c_int64, [ctypes.c_char_p]),
+        ]:
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        eval_addr = ctypes.cast(lib.ti_hook_eval, vp).value
+    except (OSError, AttributeError) as e:
+        return None, f"cannot load {path}: {e}"
+    why = _abi_mismatch(lib)
+    if why or not eval_addr:
+        return None, f"{path} does not match this package ({why or 'no ti_hook_eval'})"
+    return lib, ""
+
+
+_NATIVE_LIB, _NATIVE_WHY = _load_native()
+NATIVE_AVAILABLE: bool = _NATIVE_LIB is not None
+if not NATIVE_AVAILABLE:
+    logger.warning(
+        "native eval hooks unavailable (%s); using the pure-Python callback", _NATIVE_WHY
+    )
+
+
+def _eval_callback_type() -> Any:
+    import llama_cpp
+
+    return llama_cpp.ggml_backend_sched_eval_callback
+
+
+def _shape(
+    flags: int,
+    ne: Iterable[int],
+    type_: int,
+    src0_ne: Iterable[int],
+    src0_type: int,
+    src1_ne: Iterable[int],
+    src1_type: int,
+    nbytes: int,
+) -> NodeShape | None:
+    if not flags & _HAS_SHAPE:
+        return None
+    return NodeShape(
+        ne=tuple(ne),  # type: ignore[arg-type]
+        type=type_,
+        src0_ne=tuple(src0_ne) if flags & _HAS_SRC0 else None,  # type: ignore[arg-type]
+        src0_type=src0_type if flags & _HAS_SRC0 else -1,
+        src1_ne=tuple(src1_ne) if flags & _HAS_SRC1 else None,  # type: ignore[arg-type]
+        src1_type=src1_type if flags & _HAS_SRC1 else -1,
+        nbytes=nbytes,
+    )
+
+
+class _Decoder:
+    """Turns raw records into Events, caching what repeats every token (names, shapes)."""
+
+    def __init__(self) -> None:
+        self._names: dict[bytes, tuple[str, int]] = {}
+        self._ops: dict[bytes, str] = {}
+        self.shapes: dict[Hashable, NodeShape | None] = {}
+
+    def event(
+        self, t_ns: int, graph: int, node: int, phase: int, op: bytes, name: bytes,
+        shape: NodeShape | None,
+    ) -> Event:
+        named = self._names.get(name)
+        if named is None:
+            text = name.decode("utf-8", "replace")
+            named = self._names[name] = (text, layer_of(text))
+        op_text = self._ops.get(op)
+        if op_text is None:
+            op_text = self._ops[op] = op.decode("ascii", "replace")
+        return Event(
+            kind=EventKind.NODE_DONE if phase == _DONE else EventKind.NODE_ASK,
+            t_ns=t_ns,
+            graph=graph,
+            node=node,
+            op=op_text,
+            name=named[0],
+            layer=named[1],
+            shape=shape,
+        )
+
+
+def _check_args(granularity: str, ring_capacity: int) -> int:
+    if granularity not in _GRANULARITY_CODE:
+        raise ValueError(
+            f"unknown hook granularity {granularity!r}; valid choices: {', '.join(GRANULARITIES)}"
+        )
+    if isinstance(ring_capacity, bool) or not isinstance(ring_capacity, int):
+        raise ValueError(f"ring capacity must be an integer, got {ring_capacity!r}")
+    if not 0 < ring_capacity <= MAX_RING_CAPACITY:
+        raise ValueError(
+            f"ring capacity must be between 1 and {MAX_RING_CAPACITY} records, "
+            f"got {ring_capacity}"
+        )
+    return _GRANULARITY_CODE[granularity]
+
+
+class NativeHook:
+    """The C callback and its ring; Python only begins graphs and drains."""
+
+    native = True
+
+    def __init__(
+        self, granularity: str, ring_capacity: int, api: GgmlApi, layout: TensorLayout
+    ) -> None:
+        code = _check_args(granularity, ring_capacity)
+        lib = _NATIVE_LIB
+        if lib is None:
+            raise HookError(f"native eval hooks unavailable: {_NATIVE_WHY}")
+        cfg = _Config(
+            capacity=ring_capacity,
+            granularity=code,
+            op_desc=api.address(api.op_desc),
+            get_name=api.address(api.get_name),
+            nbytes=api.address(api.nbytes),
+            valid=int(layout.valid),
+            off_type=layout.off_type,
+            off_ne=layout.off_ne,
+            off_src=layout.off_src,
+        )
+        handle = ctypes.c_void_p()
+        rc = lib.ti_hook_create(ctypes.byref(cfg), ctypes.byref(handle))
+        if rc != 0:
+            raise HookError(f"ti_hook_create failed: {os.strerror(-rc)}")
+        self.granularity = granularity
+        self._lib = lib
+        self._handle: int | None = handle.value
+        self._lock = threading.Lock()  # one consumer at a time; close waits for drain
+        self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
+        self._decoder = _Decoder()
+        self.user_data = ctypes.c_void_p(handle.value)
+        self.cb_eval = _eval_callback_type()(ctypes.cast(lib.ti_hook_eval, ctypes.c_void_p).value)
+
+    def begin_graph(self) -> int:
+        if self._handle is None:
+            raise HookError("hook is closed")
+        return int(self._lib.ti_hook_begin_graph(self._handle))
+
+    def drain(self) -> list[Event]:
+        events: list[Event] = []
+        with self._lock:
+            if self._handle is None:
+                return events
+            buf = self._buf
+            while True:
+                n = self._lib.ti_hook_drain(self._handle, buf.ctypes.data, len(buf))
+                self._decode(buf[:n], events)
+                if n < len(buf):
+                    return events
+
+    def _decode(self, chunk: np.ndarray, out: list[Event]) -> None:
+        if not len(chunk):
+            return
+        shapes = self._decoder.shapes
+        # Key each record's shape by its raw bytes: shapes repeat every token.
+        packed = np.empty(len(chunk), dtype=np.dtype([(f, chunk.dtype[f]) for f in _SHAPE_FIELDS]))
+        for f in _SHAPE_FIELDS:
+            packed[f] = chunk[f]
+        keys = packed.view(f"S{packed.dtype.itemsize}").tolist()
+        event = self._decoder.event
+        for i, (t_ns, graph, node, phase, op, name) in enumerate(
+            zip(
+                chunk["t_ns"].tolist(),
+                chunk["graph"].tolist(),
+                chunk["node"].tolist(),
+                chunk["phase"].tolist(),
+                chunk["op"].tolist(),
+                chunk["name"].tolist(),
+            )
+        ):
+            key = keys[i]
+            if key in shapes:
+                shape = shapes[key]
+            else:
+                row = packed[i]
+                shape = shapes[key] = _shape(*(row[f].tolist() for f in _SHAPE_FIELDS))
+            out.append(event(t_ns, graph, node, phase, op, name, shape))
+
+    @property
+    def overflow(self) -> int:
+        with self._lock:
+            return 0 if self._handle is None else int(self._lib.ti_hook_overflow(self._handle))
+
+    def disable(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._lib.ti_hook_disable(self._handle)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is None:
+                return
+            self._lib.ti_hook_disable(self._handle)
+            self._lib.ti_hook_destroy(self._handle)
+            self._handle = None
+            self.user_data = ctypes.c_void_p(None)
+
+
+class PythonHook:
+    """A ctypes eval callback with the native hook's contract and records."""
+
+    native = False
+
+    def __init__(
+        self, granularity: str, ring_capacity: int, api: GgmlApi, layout: TensorLayout
+    ) -> None:
+        code = _check_args(granularity, ring_capacity)
+        self.granularity = granularity
+        self._code = code
+        self._capacity = ring_capacity
+        self._api = api
+        self._layout = layout
+        # deque append/popleft are atomic under the GIL: callback and drain may race.
+        self._records: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._overflow = 0
+        self._graph = 0
+        self._next_node = 0
+        self._cur_node = -1
+        self._disabled = False
+        self._closed = False
+        self._failed = False
+        self._decoder = _Decoder()
+        self.user_data: ctypes.c_void_p | None = None
+        self.cb_eval = _eval_callback_type()(self._eval)
+
+    def _shape_key(self, tensor: int) -> tuple[Any, ...]:
+        """The shape fields of the native record, in ``_shape``'s argument order."""
+        nbytes = int(self._api.nbytes(tensor))
+        unknown = ((0,) * 4, -1)
+        if not self._layout.valid:
+            return (0, *unknown, *unknown, *unknown, nbytes)
+        m = TensorPrefix.from_address(tensor)
+        flags, srcs = _HAS_SHAPE, [unknown, unknown]
+        for i, bit in ((0, _HAS_SRC0), (1, _HAS_SRC1)):
+            if m.src[i]:
+                src = TensorPrefix.from_address(m.src[i])
+                srcs[i] = (tuple(src.ne), src.type)
+                flags |= bit
+        return (flags, tuple(m.ne), m.type, *srcs[0], *srcs[1], nbytes)
+
+    def _record(self, tensor: int, name: bytes, node: int, phase: int, t_ns: int) -> None:
+        if len(self._records) >= self._capacity:
+            self._overflow += 1
+            return
+        op = (self._api.op_desc(tensor) or b"")[: _OP_LEN - 1]
+        key = self._shape_key(tensor)
+        self._records.append((t_ns, self._graph, node, phase, op, name, key))
+
+    def _eval(self, tensor: int | None, ask: bool, _user_data: int | None) -> bool:
+        t_ns = now_ns()
+        if self._disabled or not tensor:
+            return not ask
+        try:
+            name_ptr = self._api.get_name(tensor)
+            name = ctypes.string_at(name_ptr)[: _NAME_LEN - 1] if name_ptr else b""
+            if not ask:
+                self._record(tensor, name, self._cur_node, _DONE, t_ns)
+                return True
+            node = self._cur_node = self._next_node
+            self._next_node += 1
+            self._record(tensor, name, node, _ASK, t_ns)
+            return self._code == 2 or (self._code == 1 and name.startswith(LAYER_OUT_PREFIX))
+        except Exception:  # an exception must not escape into llama.cpp's compute loop
+            if not self._failed:
+                self._failed = True
+                logger.exception("pure-Python eval hook failed; it stays inert from now on")
+            self._disabled = True
+            return not ask
+
+    def begin_graph(self) -> int:
+        if self._closed:
+            raise HookError("hook is closed")
+        self._graph += 1
+        self._next_node = 0
+        return self._graph
+
+    def drain(self) -> list[Event]:
+        events: list[Event] = []
+        shapes = self._decoder.shapes
+        records = self._records
+        for _ in range(len(records)):
+            t_ns, graph, node, phase, op, name, key = records.popleft()
+            if key in shapes:
+                shape = shapes[key]
+            else:
+                shape = shapes[key] = _shape(*key)
+            events.append(self._decoder.event(t_ns, graph, node, phase, op, name, shape))
+        return events
+
+    @property
+    def overflow(self) -> int:
+        return self._overflow
+
+    def disable(self) -> None:
+        self._disabled = True
+
+    def close(self) -> None:
+        self._disabled = True
+        self._closed = True
+        self._records.clear()
+
+
+def make_hook(granularity: str, ring_capacity: int, *, native: bool = True) -> EvalHook:
+    """A hook at ``granularity`` with room for ``ring_capacity`` records between drains.
+
+    ``native=True`` gives the C hook when it was built (else the pure-Python one, as
+    logged once at import); ``native=False`` always gives the pure-Python one.
+    """
+    _check_args(granularity, ring_capacity)
+    api = load_ggml()
+    layout = tensor_layout()
+    if native and NATIVE_AVAILABLE:
+        return NativeHook(granularity, ring_capacity, api, layout)
+    return PythonHook(granularity, ring_capacity, api, layout)
+
+
+__all__ = [
+    "GRANULARITIES",
+    "NATIVE_AVAILABLE",
+    "RECORD_DTYPE",
+    "EvalHook",
+    "HookError",
+    "NativeHook",
+    "PythonHook",
+    "make_hook",
+]
