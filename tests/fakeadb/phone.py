@@ -180,9 +180,30 @@ class FakePhone:
             p = self.host_path(norm)
             if norm.startswith("/sys/"):
                 p.write_bytes(data)  # sysfs store: one write replaces the value
+                self._follow_clock(p)
             else:
                 with open(p, "ab" if append else "wb") as f:
                     f.write(data)
+
+    def _follow_clock(self, p: Path) -> None:
+        """Like the drivers do: after a new min/max the clock moves into the range."""
+        d = p.parent
+
+        def num(name: str) -> int:
+            return int((d / name).read_text().split()[0])
+
+        if p.name in ("min_pwrlevel", "max_pwrlevel") and (d / "gpuclk").exists():
+            by_level = sorted(
+                (int(t) for t in (d / "gpu_available_frequencies").read_text().split()),
+                reverse=True,
+            )
+            lo = by_level[min(num("min_pwrlevel"), len(by_level) - 1)]
+            hi = by_level[min(num("max_pwrlevel"), len(by_level) - 1)]
+            hz = min(max(num("gpuclk"), lo), hi)
+            (d / "gpuclk").write_text(f"{hz}\n")
+        elif p.name in ("min_freq", "max_freq") and (d / "cur_freq").exists():
+            hz = min(max(num("cur_freq"), num("min_freq")), num("max_freq"))
+            (d / "cur_freq").write_text(f"{hz}\n")
 
     def listdir(self, path: str, uid: int) -> list[str]:
         p = self.host_path(path)

@@ -46,6 +46,9 @@ class AdbShellSysfs:
     def __init__(self, session: ShellSession, access: RootAccess) -> None:
         self.session = session
         self.access = access
+        # Sysfs attributes do not come and go while their driver is bound: remembering
+        # exists() saves a USB round-trip on every capped set_hz.
+        self._exists: dict[str, bool] = {}
 
     def _fail(self, path: str, action: str, text: str) -> DeviceError:
         where = f"{action} {path} on {self.session.serial}"
@@ -76,7 +79,9 @@ class AdbShellSysfs:
             raise self._fail(path, "write", r.out.strip())
 
     def exists(self, path: str) -> bool:
-        return self.session.run(f"[ -e {shlex.quote(path)} ]").ok
+        if path not in self._exists:
+            self._exists[path] = self.session.run(f"[ -e {shlex.quote(path)} ]").ok
+        return self._exists[path]
 
     def listdir(self, path: str) -> list[str]:
         r = self.session.run(f"ls {shlex.quote(path)}")
@@ -122,8 +127,13 @@ def measure_round_trip_ns(gpu: KgslGpu | DevfreqGpu, samples: int) -> list[int]:
 class AdbGpu:
     """``GpuDevice`` for a phone: the inner KGSL/devfreq backend over adb."""
 
-    def __init__(self, link: AdbLink, session: ShellSession, inner: KgslGpu | DevfreqGpu,
-                 settings: AdbSettings) -> None:
+    def __init__(
+        self,
+        link: AdbLink,
+        session: ShellSession,
+        inner: KgslGpu | DevfreqGpu,
+        settings: AdbSettings,
+    ) -> None:
         self.link = link
         self.serial = link.serial
         self.session = session
@@ -139,7 +149,7 @@ class AdbGpu:
         self.round_trips_ns = rtts
         median = int(statistics.median(rtts))
         what = (
-            f"no-op set_range calls ({per_call:g} shell round-trips each)"
+            f"no-op set_range calls ({per_call:.1f} shell round-trips each)"
             if inner.capabilities.can_set
             else "clock reads (no write access)"
         )
@@ -239,8 +249,9 @@ class AdbGpu:
             self._state_file.parent.mkdir(parents=True, exist_ok=True)
             self._state_file.write_text(json.dumps(dataclasses.asdict(state)))
         except OSError as e:
-            log.warning("cannot keep the GPU state of %s in %s: %s", self.serial,
-                        self._state_file, e)
+            log.warning(
+                "cannot keep the GPU state of %s in %s: %s", self.serial, self._state_file, e
+            )
 
 
 def _safe(serial: str) -> str:
@@ -287,7 +298,10 @@ def _available(arg: str | None, server: tuple[str, int]) -> tuple[bool, str]:
         log.debug("adb not available: %s", e)
         return False, str(e)
     model = link.getprop("ro.product.model") or "unknown model"
-    return True, f"phone {link.serial} ({model}) over adb at {server[0]}:{server[1]}; {access.detail}"
+    return (
+        True,
+        f"phone {link.serial} ({model}) over adb at {server[0]}:{server[1]}; {access.detail}",
+    )
 
 
 def available(arg: str | None = None, *, root: str = "/") -> tuple[bool, str]:
