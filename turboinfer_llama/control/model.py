@@ -60,7 +60,8 @@ class PowerTable:
     @classmethod
     def from_device(cls, device: object) -> PowerTable:
         """The device's own table when it publishes one (``power_table()`` returning
-        ``(levels_hz, busy_w, idle_w, switch_j, source)``), else :meth:`assumed`."""
+        ``(levels_hz, busy_w, idle_w, switch_j, source)``, or the simulator's
+        ``power_w(hz, state)``), else :meth:`assumed`."""
         get = getattr(device, "power_table", None)
         if callable(get):
             levels, busy, idle, switch_j, source = get()
@@ -71,7 +72,17 @@ class PowerTable:
                 float(switch_j),
                 str(source),
             )
-        return cls.assumed(device.frequencies_hz())  # type: ignore[attr-defined]
+        power_w = getattr(device, "power_w", None)
+        levels = device.frequencies_hz()  # type: ignore[attr-defined]
+        if callable(power_w):  # the simulator's own power model
+            return cls(
+                np.asarray(levels, dtype=np.float64),
+                np.array([power_w(h, "busy") for h in levels]),
+                np.array([power_w(h, "idle") for h in levels]),
+                0.0,
+                f"{device.name} power model (simulated)",  # type: ignore[attr-defined]
+            )
+        return cls.assumed(levels)
 
 
 class Intensity:
@@ -110,7 +121,7 @@ class PhaseModel:
         self.f_max_hz = float(f_max_hz)
         self.forget = forget
         self.theta = np.array([1.0, 1.0, 1.0])
-        self._p0 = np.diag([1.0, 1.0, 1.0])
+        self._p0 = np.diag([0.5, 0.5, 0.5])
         self.P = self._p0.copy()
         self.n_obs = 0
         self.last_residual = 0.0
@@ -127,18 +138,24 @@ class PhaseModel:
         )
 
     def update(self, x: np.ndarray, y_ns: float) -> None:
-        """One observation: regressors ``x`` took ``y_ns``."""
+        """One observation: regressors ``x`` took ``y_ns``. The row is scaled by
+        ``1/y_ns`` (relative-error least squares), so graphs and kernels of any size
+        move the estimate alike."""
+        if y_ns <= 0:
+            return
+        x = x / y_ns
         P = self.P
         px = P @ x
-        denom = self.forget + float(x @ px)
-        k = px / denom
-        err = y_ns - float(x @ self.theta)
-        self.theta = np.maximum(self.theta + k * err, 1e-3)
+        k = px / (self.forget + float(x @ px))
+        err = 1.0 - float(x @ self.theta)
+        self.theta = np.clip(self.theta + k * err, 0.05, 20.0)
         P = (P - np.outer(k, px)) / self.forget
-        # Bound covariance windup in directions no observation excites.
-        self.P = np.minimum(P, self._p0) if np.trace(P) > np.trace(self._p0) else P
+        # Bound covariance windup in directions no observation excites (scaling keeps
+        # P positive definite).
+        tr, tr0 = float(np.trace(P)), float(np.trace(self._p0))
+        self.P = P * (tr0 / tr) if tr > tr0 else P
         self.n_obs += 1
-        self.last_residual = err / max(y_ns, 1.0)
+        self.last_residual = err
 
     def reopen(self) -> None:
         """Forget confidence (not the estimate): the workload changed."""

@@ -1,0 +1,40 @@
+"""Fixed policies: the device's own governor untouched, and a pinned frequency."""
+
+from __future__ import annotations
+
+from ...engine.events import Event
+from ..base import Decision
+
+
+class DefaultGovernor:
+    """The device's default governor (msm-adreno-tz / simple_ondemand in simulation),
+    untouched: no decisions; the replay and the live governor leave it on."""
+
+    name = "default"
+    uses_device_governor = True
+
+    def on_event(self, event: Event) -> Decision | None:
+        return None
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        return []
+
+
+class Static:
+    """One fixed frequency (``max`` is the top level), set at the first event."""
+
+    uses_device_governor = False
+
+    def __init__(self, freq_hz: int, name: str | None = None) -> None:
+        self.freq_hz = int(freq_hz)
+        self.name = name or f"static:{self.freq_hz}"
+        self._set = False
+
+    def on_event(self, event: Event) -> Decision | None:
+        if self._set:
+            return None
+        self._set = True
+        return Decision(self.freq_hz, event.t_ns, "static")
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        return []

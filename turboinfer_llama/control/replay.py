@@ -1,0 +1,355 @@
+"""Replay a recorded trace through a controller and the simulator, deterministically.
+
+The replay rebuilds, on the simulator's virtual clock, the events a live engine would
+have emitted (request, prefill, decode, node, sample, token ...) and hands them to
+the controller in time order, so a controller cannot see anything before it happens.
+Kernels are re-timed by the simulator at its current clock; stalls keep their
+recorded duration. Decisions land through ``set_hz`` at their ``at_ns``: stalls are
+split at decision times, and a decision that falls inside a kernel is applied at the
+kernel's end (the next boundary), as a live driver call would be. Every controller
+call is timed with ``time.perf_counter_ns``.
+
+Event placement: at ``kernel`` granularity (recorded with per-kernel timing) every
+kernel gets ``NODE_ASK`` before and ``NODE_DONE`` after it; at ``graph`` granularity
+all ``NODE_ASK``s of a graph come at its start (the scheduler's scan), no
+``NODE_DONE``, and the simulator's host submission cost precedes each kernel.
+``DECODE_END`` is at the last kernel's end, ``SAMPLE_BEGIN`` right after it, and
+``SAMPLE_END`` + ``TOKEN`` at the end of the sample stall. ``plan(now)`` is polled
+at graph start, graph end, request end and every ``timer_ns`` inside stalls; its
+result replaces the decisions of the previous poll.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.events import Event, EventKind, StallKind
+from ..engine.graph import cost
+from ..engine.segments import Segment
+from .base import Controller, Decision
+
+GRANULARITIES = ("auto", "kernel", "graph")
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Figures of one replay. Everything here is simulated."""
+
+    controller: str
+    device: str
+    tokens: int
+    requests: int
+    energy_j: float
+    energy_per_token_j: float
+    duration_s: float
+    ttft_ms: float
+    tpot_ms: float
+    tokens_per_s: float
+    switches: int
+    switches_per_s: float
+    decisions: int
+    decision_us_median: float
+    decision_us_p99: float
+    energy_by_phase_j: dict[str, float] = field(default_factory=dict)
+    decision_us: tuple[float, ...] = ()
+    granularity: str = "kernel"
+    simulated: bool = True
+
+    def summary(self) -> dict[str, Any]:
+        """The headline figures (no per-decision list), for printing or JSON."""
+        return {
+            "controller": self.controller,
+            "device": self.device,
+            "simulated": self.simulated,
+            "tokens": self.tokens,
+            "energy_per_token_mj": round(self.energy_per_token_j * 1e3, 4),
+            "ttft_ms": round(self.ttft_ms, 3),
+            "tpot_ms": round(self.tpot_ms, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "switches_per_s": round(self.switches_per_s, 2),
+            "decision_us_median": round(self.decision_us_median, 2),
+            "decision_us_p99": round(self.decision_us_p99, 2),
+        }
+
+
+class _Runner:
+    def __init__(self, controller: Controller, device: Any, timer_ns: int) -> None:
+        self.ctl = controller
+        self.dev = device
+        self.timer_ns = timer_ns
+        self.times_ns: list[int] = []
+        self.event_q: list[tuple[int, int, Decision]] = []  # from on_event
+        self.plan_q: list[tuple[int, int, Decision]] = []  # from the latest plan()
+        self._seq = 0
+        self.token_times: dict[int, list[int]] = {}
+        self.request_begin: dict[int, int] = {}
+        self.on_counters = getattr(controller, "on_counters", None)
+
+    # -- controller calls, timed --
+    def emit(self, kind: EventKind, **kw: Any) -> None:
+        """Deliver one event. A returned decision may have changed the controller's
+        timed plan, so the plan is polled in the same (timed) call."""
+        now = self.dev.now_ns()
+        ev = Event(kind, now, **kw)
+        t0 = time.perf_counter_ns()
+        d = self.ctl.on_event(ev)
+        plan = self.ctl.plan(now) if d is not None else None
+        self.times_ns.append(time.perf_counter_ns() - t0)
+        if d is not None:
+            self._queue(self.event_q, d)
+        if plan is not None:
+            self._replace_plan(plan)
+
+    def _replace_plan(self, plan: list[Decision]) -> None:
+        self.plan_q = []
+        for d in plan:
+            self._seq += 1
+            bisect.insort(self.plan_q, (d.at_ns, self._seq, d))
+        self.apply_due()
+
+    def poll(self) -> None:
+        now = self.dev.now_ns()
+        t0 = time.perf_counter_ns()
+        plan = self.ctl.plan(now)
+        self.times_ns.append(time.perf_counter_ns() - t0)
+        self._replace_plan(plan)
+
+    def counters(self) -> None:
+        if self.on_counters is not None:
+            t0 = time.perf_counter_ns()
+            self.on_counters(self.dev.read_counters())
+            self.times_ns.append(time.perf_counter_ns() - t0)
+
+    def _queue(self, q: list[tuple[int, int, Decision]], d: Decision) -> None:
+        self._seq += 1
+        bisect.insort(q, (d.at_ns, self._seq, d))
+        self.apply_due()
+
+    def next_due(self) -> int | None:
+        heads = [q[0][0] for q in (self.event_q, self.plan_q) if q]
+        return min(heads) if heads else None
+
+    def apply_due(self) -> None:
+        now = self.dev.now_ns()
+        while True:
+            due = self.next_due()
+            if due is None or due > now:
+                return
+            q = self.event_q if self.event_q and self.event_q[0][0] == due else self.plan_q
+            _, _, d = q.pop(0)
+            self.dev.set_hz(d.freq_hz)
+
+    # -- device work --
+    def gap(self, dur_ns: int, kind: str, phase: str, *, timer: bool = False) -> None:
+        end = self.dev.now_ns() + int(dur_ns)
+        self.apply_due()
+        first = True
+        while True:
+            now = self.dev.now_ns()
+            stop = end
+            due = self.next_due()
+            if due is not None and now < due < stop:
+                stop = due
+            tick = now + self.timer_ns if timer else None
+            if tick is not None and tick < stop:
+                stop = tick
+            if first:
+                self.dev.run_gap(stop - now, kind=kind, phase=phase)
+                first = False
+            else:
+                self.dev.advance_to(stop, phase=phase)
+            if stop >= end:
+                self.apply_due()
+                return
+            if tick is not None and stop == tick:
+                self.poll()
+            self.apply_due()
+
+    def kernel(self, seg: Segment, add_submission: bool) -> None:
+        c = cost(seg.op, seg.shape)
+        if c.is_noop:
+            return
+        if add_submission:
+            self.gap(self.dev.profile.host_submission_ns, "inter_kernel", seg.phase)
+        self.apply_due()
+        self.dev.run_kernel(c.op, c.flops, c.bytes, phase=seg.phase)
+        self.apply_due()
+
+
+def _graphs(segments: Sequence[Segment]) -> dict[int, list[Segment]]:
+    out: dict[int, list[Segment]] = {}
+    for s in segments:
+        if s.kind == "kernel":
+            out.setdefault(s.graph, []).append(s)
+    return out
+
+
+def replay(
+    segments: Sequence[Segment],
+    controller: Controller,
+    device: Any,
+    *,
+    seed: int = 0,
+    granularity: str = "auto",
+    timer_ns: int = 1_000_000,
+) -> ReplayResult:
+    """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
+
+    Controllers other than ``default`` (``uses_device_governor``) run the device in
+    userspace mode (its governor off). ``seed`` reseeds controllers that learn with
+    randomness (``reseed(seed)``). ``granularity`` is ``auto`` (kernel when the trace
+    has per-kernel timing), ``kernel`` or ``graph``.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
+    if not segments:
+        raise ValueError("replay needs at least one segment")
+    reseed = getattr(controller, "reseed", None)
+    if callable(reseed):
+        reseed(seed)
+    if not getattr(controller, "uses_device_governor", False):
+        device.governor = None
+    kernels = [s for s in segments if s.kind == "kernel"]
+    timed = all(s.timed for s in kernels)
+    gran = ("kernel" if timed else "graph") if granularity == "auto" else granularity
+    per_node = gran == "kernel"
+    graphs = _graphs(segments)
+    r = _Runner(controller, device, timer_ns)
+    t_start = device.now_ns()
+    e_start = device.energy_j
+    sw_start = device.switches
+
+    request = -1
+    graph = -1
+    in_graph = False
+    prefill_open = False
+    started = -1  # graph whose compute has started
+
+    def end_graph() -> None:
+        nonlocal in_graph, prefill_open
+        if not in_graph:
+            return
+        in_graph = False
+        r.counters()
+        r.emit(EventKind.DECODE_END, graph=graph)
+        if prefill_open:
+            r.emit(EventKind.PREFILL_END, graph=graph)
+            prefill_open = False
+        r.poll()
+
+    def end_request() -> None:
+        nonlocal request
+        if request >= 0:
+            end_graph()
+            r.emit(EventKind.REQUEST_END, detail=str(request))
+            r.poll()
+            request = -1
+
+    def begin_graph(seg: Segment) -> None:
+        nonlocal graph, in_graph, prefill_open
+        end_graph()
+        graph, in_graph = seg.graph, True
+        nodes = graphs.get(seg.graph, [])
+        n_tokens = _batch_of(nodes)
+        if seg.phase == "prefill":
+            prefill_open = True
+            r.emit(EventKind.PREFILL_BEGIN, graph=graph, n_tokens=n_tokens)
+        r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
+
+    for seg in segments:
+        if seg.request >= 0 and seg.request != request and seg.stall is not StallKind.IDLE:
+            end_request()
+            request = seg.request
+            r.request_begin[request] = device.now_ns()
+            r.token_times[request] = []
+            r.emit(EventKind.REQUEST_BEGIN, detail=str(request))
+        if seg.kind == "stall":
+            kind = seg.stall or StallKind.IDLE
+            if kind is StallKind.IDLE:
+                end_request()
+                r.emit(EventKind.IDLE)
+                r.gap(seg.dur_ns, kind.value, seg.phase, timer=True)
+            elif kind is StallKind.SUBMIT:
+                begin_graph(seg)
+                r.gap(seg.dur_ns, kind.value, seg.phase)
+            elif kind is StallKind.INTER_KERNEL:
+                r.gap(seg.dur_ns, kind.value, seg.phase)
+            else:  # SAMPLE
+                end_graph()
+                r.emit(EventKind.SAMPLE_BEGIN, graph=seg.graph, token=seg.token)
+                r.gap(seg.dur_ns, kind.value, seg.phase, timer=True)
+                r.emit(EventKind.SAMPLE_END, graph=seg.graph, token=seg.token)
+                r.emit(EventKind.TOKEN, graph=seg.graph, token=seg.token)
+                if request >= 0:
+                    r.token_times[request].append(device.now_ns())
+            continue
+        if not in_graph or seg.graph != graph:
+            begin_graph(seg)
+        if started != seg.graph:
+            started = seg.graph
+            if not per_node:
+                for nd in graphs.get(seg.graph, []):
+                    r.emit(
+                        EventKind.NODE_ASK, graph=graph, node=nd.node, op=nd.op, name=nd.name,
+                        layer=nd.layer, shape=nd.shape,
+                    )
+            r.poll()
+        if per_node:
+            r.emit(
+                EventKind.NODE_ASK, graph=graph, node=seg.node, op=seg.op, name=seg.name,
+                layer=seg.layer, shape=seg.shape,
+            )
+        r.kernel(seg, add_submission=not per_node or not seg.timed)
+        if per_node:
+            r.emit(EventKind.NODE_DONE, graph=graph, node=seg.node, layer=seg.layer)
+    end_request()
+    return _result(controller, device, r, gran, t_start, e_start, sw_start)
+
+
+def _batch_of(nodes: list[Segment]) -> int:
+    """Tokens in a graph's batch: the columns of its first matrix multiply's input."""
+    for nd in nodes:
+        if nd.op.upper() == "MUL_MAT" and nd.shape is not None and nd.shape.src1_ne:
+            return int(nd.shape.src1_ne[1])
+    return 1
+
+
+def _result(
+    controller: Controller, device: Any, r: _Runner, gran: str, t0: int, e0: float, sw0: int
+) -> ReplayResult:
+    duration_s = (device.now_ns() - t0) * 1e-9
+    energy = device.energy_j - e0
+    ttft, gaps = [], []
+    for req, times in r.token_times.items():
+        if times:
+            ttft.append(times[0] - r.request_begin[req])
+            gaps += [b - a for a, b in zip(times, times[1:])]
+    tokens = sum(len(t) for t in r.token_times.values())
+    us = tuple(t / 1e3 for t in r.times_ns)
+    switches = device.switches - sw0
+    ordered = sorted(us)
+    return ReplayResult(
+        controller=getattr(controller, "name", type(controller).__name__),
+        device=device.name,
+        tokens=tokens,
+        requests=len(r.token_times),
+        energy_j=energy,
+        energy_per_token_j=energy / tokens if tokens else float("nan"),
+        duration_s=duration_s,
+        ttft_ms=statistics.fmean(ttft) / 1e6 if ttft else float("nan"),
+        tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else float("nan"),
+        tokens_per_s=tokens / duration_s if duration_s > 0 else float("nan"),
+        switches=switches,
+        switches_per_s=switches / duration_s if duration_s > 0 else 0.0,
+        decisions=len(us),
+        decision_us_median=statistics.median(us) if us else 0.0,
+        decision_us_p99=ordered[int(0.99 * (len(ordered) - 1))] if us else 0.0,
+        energy_by_phase_j=dict(device.energy_by_phase_j),
+        decision_us=us,
+        granularity=gran,
+    )

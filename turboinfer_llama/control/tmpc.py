@@ -1,0 +1,435 @@
+"""Tube-based model predictive control of the GPU clock ("act before it's too late").
+
+Decision points are event boundaries: graph start (first node), node completions at
+``kernel`` granularity, graph end (the sampling stall begins), token yield, request
+end, and the replay/governor timer during long stalls (``plan``).
+
+State: latency debt = actual time - reference time (the default governor's shadow,
+see ``reference.py``) since the request began; the level in effect; pending switches.
+
+Horizon: ``horizon`` segments alternating compute and stall (3..6), i.e. up to three
+compute blocks (rest of the current graph, then whole graphs from the phase's
+template) with the forecast stalls between them. Stalls cost no latency, so their
+level has a closed form: the bottom level when the stall's lower bound is longer
+than the switch latency (the drop is issued one switch latency before the stall, as
+the last kernels run; the raise one switch latency before the stall's *lower-bound*
+end, so an early end cannot leave compute on the low clock), else the next compute
+level. That leaves the compute levels, searched exhaustively over all L^Nc
+combinations with one precomputed one-hot matrix (two mat-vecs per solve).
+
+Nominal plan: minimise predicted energy (busy power x kernel time + idle power x
+stalls and host gaps + switch cost) subject to
+``debt + sum(d - d_ref) + tube <= slack * (reference elapsed + horizon reference)``.
+The tube is the forecast error bound: the upper quantile of the relative error of
+past graph-time predictions times the horizon's compute time, plus the stalls'
+error bounds where an early end would hit a low clock.
+
+Ancillary feedback: inside a graph, every node completion compares elapsed time with
+the nominal plan; ``level = planned + ceil(K * error / predicted graph time)``, so
+falling behind pulls the clock up at once. Debt beyond the allowance shrinks the
+next solve's budget (feedback at graph boundaries).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..engine.events import Event, EventKind, StallKind
+from ..engine.graph import cost
+from .base import Decision
+from .forecast import Forecaster, StallStats
+from .model import PowerTable, WorkloadModel, node_times
+from .reference import DefaultShadow, ShadowParams
+
+_COMBOS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _combos(n_levels: int, n_seg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All level combinations (rows), their one-hot matrix (rows x n_seg*L) and the
+    number of level changes inside each combination."""
+    key = (n_levels, n_seg)
+    if key not in _COMBOS:
+        combos = np.array(list(itertools.product(range(n_levels), repeat=n_seg)), dtype=np.int64)
+        onehot = np.zeros((len(combos), n_seg * n_levels))
+        for i in range(n_seg):
+            onehot[np.arange(len(combos)), i * n_levels + combos[:, i]] = 1.0
+        changes = (np.diff(combos, axis=1) != 0).sum(axis=1).astype(np.float64)
+        _COMBOS[key] = (combos, onehot, changes)
+    return _COMBOS[key]
+
+
+class _Graph:
+    """Per-node work of one graph: compute/memory time at the top clock, launches."""
+
+    __slots__ = ("cum_k", "cum_launch", "launch", "m_ns", "c_ns", "n")
+
+    def __init__(self, c_ns: np.ndarray, m_ns: np.ndarray, launch: np.ndarray) -> None:
+        self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
+        self.n = len(c_ns)
+        self.cum_k = np.zeros((1, 1))
+        self.cum_launch = np.zeros(1)
+
+    def tabulate(self, model, levels_hz: np.ndarray, host_ns: float) -> None:
+        """Cumulative kernel time per level, and the graph's host gaps (measured,
+        level-independent) shared out by kernel launches."""
+        k, _ = model.level_times(self.c_ns, self.m_ns, self.launch, levels_hz)
+        self.cum_k = np.vstack([np.zeros((1, len(levels_hz))), np.cumsum(k, axis=0)])
+        per_launch = host_ns / max(float(self.launch.sum()), 1.0)
+        self.cum_launch = np.concatenate([[0.0], np.cumsum(self.launch * per_launch)])
+
+    def rest(self, done: int) -> tuple[np.ndarray, float]:
+        """Kernel time per level and host time of the nodes after ``done``."""
+        done = min(done, self.n)
+        return self.cum_k[-1] - self.cum_k[done], float(self.cum_launch[-1] - self.cum_launch[done])
+
+
+class TubeMPC:
+    """The TurboInfer controller. See the module docstring for the formulation."""
+
+    name = "tmpc"
+    uses_device_governor = False
+
+    def __init__(
+        self,
+        levels_hz: list[int],
+        *,
+        latency_slack: float = 0.02,
+        switch_latency_ns: int = 500_000,
+        power: PowerTable | None = None,
+        shadow: ShadowParams | None = None,
+        horizon: int = 5,
+        feedback_gain: float = 50.0,
+        tube_quantile: float = 0.9,
+    ) -> None:
+        if not 3 <= horizon <= 6:
+            raise ValueError(f"horizon must be 3..6 segments, got {horizon}")
+        self.levels = np.asarray(sorted(levels_hz), dtype=np.float64)
+        self.levels_int = [int(x) for x in self.levels]
+        self.L = len(self.levels)
+        self.top = self.L - 1
+        self.slack = latency_slack
+        self.s_ns = int(switch_latency_ns)
+        self.power = power or PowerTable.assumed(self.levels_int)
+        self.model = WorkloadModel(self.power)
+        self.forecast = Forecaster(cost_fn=lambda op, sh: (0.0, 0.0))
+        self.shadow = DefaultShadow(self.levels, shadow or ShadowParams())
+        self.n_compute = (horizon + 1) // 2
+        self.combos, self.onehot, self.changes = _combos(self.L, self.n_compute)
+        self.first_change = self.combos[:, 0][None, :] != np.arange(self.L)[:, None]
+        self.gain = feedback_gain
+        self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
+        self._cost_cache: dict[tuple[str, object], tuple[float, float, float]] = {}
+        self._templates: dict[str, _Graph] = {}
+        self._plan: list[Decision] = []
+        self.solves = 0
+        self.feedback_raises = 0
+        self._reset_request(0)
+        self._initial = self.shadow.level
+        self._hist: list[tuple[int, int]] = []  # (at_ns, level) requested, time order
+        self._ik_count = 0
+        self._busy_last: int | None = None
+        self._margin_ns = 0.0
+        self._graph_busy: int | None = None
+
+    # ---- state ---------------------------------------------------------------------
+
+    def _reset_request(self, t_ns: int) -> None:
+        self.debt_ns = 0.0
+        self.ref_elapsed_ns = 0.0
+        self.phase = "decode"
+        self.in_compute = False
+        self.stall_kind: StallKind | None = None
+        self.t_stall = t_ns
+        self.t_compute = t_ns
+        self._nodes: list[tuple[float, float, float]] = []
+        self._node_level: list[int] = []
+        self.done = 0
+        self.plan_level = self.top
+        self._seg_start_t = t_ns
+        self._seg_start_node = 0
+        self._predicted_graph_ns = 0.0
+
+    def _request(self, t_ns: int, level: int) -> Decision | None:
+        """An immediate decision, unless that level is already requested."""
+        if level == self._target(t_ns):
+            return None
+        self._hist.append((t_ns, level))
+        return Decision(self.levels_int[level], t_ns, "tmpc")
+
+    def _set_plan(self, t_ns: int, plan: list[Decision]) -> None:
+        """Publish timed decisions; they replace the future part of the last plan."""
+        hist = [h for h in self._hist if h[0] <= t_ns][-16:]
+        hist += [(d.at_ns, self.levels_int.index(d.freq_hz)) for d in plan]
+        hist.sort(key=lambda h: h[0])
+        self._hist = hist
+        self._plan = plan
+
+    def _target(self, t_ns: int) -> int:
+        """The level most recently requested at or before ``t_ns``."""
+        for at, level in reversed(self._hist):
+            if at <= t_ns:
+                return level
+        return self._initial
+
+    def _effective(self, t_ns: int) -> int:
+        """The level in effect at ``t_ns`` (requests land one switch latency later)."""
+        for at, level in reversed(self._hist):
+            if at + self.s_ns <= t_ns:
+                return level
+        return self._initial
+
+    # ---- events --------------------------------------------------------------------
+
+    def on_counters(self, counters) -> None:
+        """Device counters at a graph end: intensity for the model, and the graph's
+        busy time (kernel time without host gaps) for identification."""
+        self.model.observe_counters(counters, self.phase)
+        if self._busy_last is not None:
+            self._graph_busy = counters.busy_ns - self._busy_last
+        self._busy_last = counters.busy_ns
+
+    def on_event(self, ev: Event) -> Decision | None:
+        k = ev.kind
+        if k is EventKind.NODE_DONE:
+            return self._node_done(ev)
+        if k is EventKind.NODE_ASK:
+            return self._node_ask(ev)
+        if k is EventKind.DECODE_BEGIN:
+            self._end_stall(ev.t_ns)
+            self.phase = "prefill" if ev.n_tokens > 1 else "decode"
+            self.stall_kind, self.t_stall = StallKind.SUBMIT, ev.t_ns
+            self._nodes, self._node_level, self.done = [], [], 0
+            return None
+        if k is EventKind.DECODE_END:
+            return self._graph_end(ev.t_ns)
+        if k is EventKind.REQUEST_BEGIN:
+            self._end_stall(ev.t_ns)
+            self._reset_request(ev.t_ns)
+            return self._request(ev.t_ns, max(self.shadow.level, self._target(ev.t_ns)))
+        if k in (EventKind.REQUEST_END, EventKind.IDLE):
+            if self.stall_kind is not StallKind.IDLE:
+                self._end_stall(ev.t_ns)
+                self.stall_kind, self.t_stall = StallKind.IDLE, ev.t_ns
+            self._set_plan(ev.t_ns, [])
+            return self._request(ev.t_ns, 0)
+        return None
+
+    def _end_stall(self, t_ns: int) -> None:
+        kind = self.stall_kind
+        if kind is None:
+            return
+        dur = t_ns - self.t_stall
+        self.forecast.observe(kind, dur)
+        self.shadow.run_stall(dur)
+        self.ref_elapsed_ns += dur
+        self.stall_kind = None
+
+    def _node_cost(self, ev: Event) -> tuple[float, float, float]:
+        key = (ev.op, ev.shape)
+        got = self._cost_cache.get(key)
+        if got is None:
+            kc = cost(ev.op, ev.shape)
+            c_ns, m_ns = node_times(np.array([kc.flops]), np.array([kc.bytes]))
+            got = (float(c_ns[0]), float(m_ns[0]), 0.0 if kc.is_noop else 1.0)
+            if len(self._cost_cache) < 100_000:
+                self._cost_cache[key] = got
+        return got
+
+    def _node_ask(self, ev: Event) -> Decision | None:
+        if ev.node >= len(self._nodes):
+            self._nodes.append(self._node_cost(ev))
+        if self.in_compute:
+            if self.stall_kind is StallKind.INTER_KERNEL:
+                self._ik_count += 1
+                if self._ik_count % 16 == 0:
+                    self.forecast.observe(StallKind.INTER_KERNEL, ev.t_ns - self.t_stall)
+                self.stall_kind = None
+            return None
+        # compute starts: first node of the graph
+        self._end_stall(ev.t_ns)
+        self.in_compute = True
+        self.t_compute = ev.t_ns
+        level, plan = self._solve(ev.t_ns, in_compute=True)
+        self._start_segment(ev.t_ns, level)
+        d = self._request(ev.t_ns, level)
+        self._set_plan(ev.t_ns, plan)
+        return d
+
+    def _start_segment(self, t_ns: int, level: int) -> None:
+        self.plan_level = level
+        self._seg_start_t = t_ns
+        self._seg_start_node = self.done
+        tpl = self._templates.get(self.phase)
+        self._seg_nominal = None
+        if tpl is not None and tpl.n >= self.done:
+            base_k = tpl.cum_k[min(self.done, tpl.n), level]
+            base_l = tpl.cum_launch[min(self.done, tpl.n)]
+            self._seg_nominal = (tpl, base_k, base_l)
+            k_rest, host = tpl.rest(self.done)
+            self._predicted_graph_ns = float(k_rest[level] + host)
+
+    def _node_done(self, ev: Event) -> Decision | None:
+        self.done = ev.node + 1
+        self._node_level.append(self._effective(ev.t_ns))
+        self.stall_kind, self.t_stall = StallKind.INTER_KERNEL, ev.t_ns
+        nominal = self._seg_nominal
+        if nominal is None:
+            return None
+        tpl, base_k, base_l = nominal
+        if self.done > tpl.n:
+            return None
+        lvl = self.plan_level
+        expect = tpl.cum_k[self.done, lvl] - base_k + tpl.cum_launch[self.done] - base_l
+        # deviation beyond what the plan can absorb (its tube and unused slack)
+        err = (ev.t_ns - self._seg_start_t) - expect - self._margin_ns
+        if err <= 0 or self.plan_level >= self.top:
+            return None
+        bump = math.ceil(self.gain * err / max(self._predicted_graph_ns, 1.0))
+        new = min(self.top, lvl + bump)
+        if new <= self._target(ev.t_ns):
+            return None
+        self.feedback_raises += 1
+        # re-plan the rest of the graph at the new level, drop still before the stall
+        self._start_segment(ev.t_ns, new)
+        d = self._request(ev.t_ns, new)
+        self._set_plan(ev.t_ns, self._stall_plan(ev.t_ns, self._predicted_graph_ns, new))
+        return d
+
+    def _graph_end(self, t_ns: int) -> Decision | None:
+        measured = t_ns - self.t_compute
+        self.in_compute = False
+        phase = self.phase
+        if self._nodes:
+            arr = np.asarray(self._nodes)
+            g = _Graph(arr[:, 0], arr[:, 1], arr[:, 2])
+            pm = self.model.phases[phase]
+            lv = self._node_level + [self._effective(t_ns)] * (g.n - len(self._node_level))
+            f = self.levels[np.asarray(lv[: g.n])]
+            prior = self._templates.get(phase)
+            if prior is not None and prior.n == g.n and self._predicted_graph_ns > 0:
+                self.rel_err.update(abs(measured - self._predicted_full()) / max(measured, 1.0))
+            busy = self._graph_busy
+            self._graph_busy = None
+            if busy is None or not 0 < busy <= measured:  # no counters: fit wall time
+                busy, host = measured, 0.0
+            else:
+                host = float(measured - busy)
+            pm.update(pm.features(g.c_ns, g.m_ns, g.launch, f), float(busy))
+            g.tabulate(pm, self.levels, host)
+            self._templates[phase] = g
+            # reference: the shadow runs the same graph, calibrated by this measurement
+            k_all, host = g.rest(0)
+            pred_here = float(np.mean(k_all[np.asarray(lv[: g.n])])) + host
+            scale = measured / pred_here if pred_here > 0 else 1.0
+            ref = self.shadow.run_compute(k_all * scale, host * scale)
+        else:
+            ref = float(measured)
+            self.shadow.run_stall(measured)
+        self.ref_elapsed_ns += ref
+        self.debt_ns += measured - ref
+        self.phase = "decode"
+        self.stall_kind, self.t_stall = StallKind.SAMPLE, t_ns
+        _, plan = self._solve(t_ns, in_compute=False)
+        self._set_plan(t_ns, plan)
+        return None
+
+    def _predicted_full(self) -> float:
+        return self._predicted_graph_ns + (self._seg_start_t - self.t_compute)
+
+    # ---- the optimisation -----------------------------------------------------------
+
+    def _stall_ns(self) -> tuple[float, float, float]:
+        """Forecast of the next inter-graph stall (sample + submit): median, lower
+        bound, error bound."""
+        s = self.forecast.estimate(StallKind.SAMPLE)
+        u = self.forecast.estimate(StallKind.SUBMIT)
+        return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, s.err_ns + u.err_ns
+
+    def _stall_plan(self, t_ns: int, compute_left_ns: float, next_level: int) -> list[Decision]:
+        """Drop one switch latency before the predicted stall start, raise one switch
+        latency before its lower-bound end."""
+        d_med, d_lo, _ = self._stall_ns()
+        if d_lo < self.s_ns or self.forecast.estimate(StallKind.SAMPLE).n == 0:
+            return []
+        stall_at = t_ns + int(compute_left_ns)
+        return [
+            Decision(self.levels_int[0], stall_at - self.s_ns, "tmpc: drop before stall"),
+            Decision(
+                self.levels_int[next_level], stall_at + int(d_lo) - self.s_ns, "tmpc: raise"
+            ),
+        ]
+
+    def _solve(self, t_ns: int, *, in_compute: bool) -> tuple[int, list[Decision]]:
+        """Receding-horizon solve. Returns the level for the first compute segment and
+        the timed decisions (drop, raise) around the next stall."""
+        self.solves += 1
+        cur_tpl = self._templates.get(self.phase)
+        nxt_tpl = self._templates.get("decode") or cur_tpl
+        if nxt_tpl is None or (in_compute and cur_tpl is None):
+            return self.top, []  # nothing to predict from yet: never fall behind
+        L, nc = self.L, self.n_compute
+        d_med, d_lo, d_err = self._stall_ns()
+        droppable = d_lo >= self.s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
+        busy_w, idle_w = self.power.busy_w, self.power.idle_w
+        k_full, host_full = nxt_tpl.rest(0)
+        k0, host0 = cur_tpl.rest(self.done) if in_compute else (k_full, host_full)
+        ks = [k0] + [k_full] * (nc - 1)
+        hosts = [host0] + [host_full] * (nc - 1)
+        e = np.empty((nc, L))
+        d = np.empty((nc, L))
+        ref_lvl = self.shadow.level
+        d_ref = 0.0
+        stall_const = 0.0
+        n_stalls = nc - 1 if in_compute else nc
+        for i in range(nc):
+            d[i] = ks[i] + hosts[i]
+            e[i] = busy_w * ks[i] + idle_w * hosts[i]
+            d_ref += float(ks[i][ref_lvl]) + hosts[i]
+            stall_before = i > 0 or not in_compute
+            if stall_before:
+                if droppable:  # low clock for the lower bound, next level for the rest
+                    e[i] += idle_w * (d_med - d_lo)
+                    stall_const += idle_w[0] * d_lo
+                else:
+                    e[i] += idle_w * d_med
+        stalls_total = d_med * n_stalls
+        tube = self.rel_err.estimate().upper_ns * d_ref + (d_err * n_stalls if droppable else 0)
+        budget = (
+            self.slack * (self.ref_elapsed_ns + d_ref + stalls_total)
+            - self.debt_ns
+            - tube
+            + d_ref
+        )
+        flat_e = self.onehot @ e.ravel()
+        flat_d = self.onehot @ d.ravel()
+        sw = self.power.switch_j + 1e-7  # tie-break against needless switches
+        flat_e += sw * (self.changes + self.first_change[self._target(t_ns)])
+        feasible = flat_d <= budget
+        if feasible.any():
+            best = int(np.argmin(np.where(feasible, flat_e, np.inf)))
+        else:
+            best = int(np.argmin(flat_d))
+        self._margin_ns = max(0.0, budget - float(flat_d[best])) + tube
+        levels = self.combos[best]
+        first = int(levels[0])
+        if in_compute:
+            left = float(d[0, first])
+            plan = self._stall_plan(t_ns, left, int(levels[1]) if nc > 1 else first)
+            return first, plan
+        plan = []
+        if droppable:
+            plan.append(Decision(self.levels_int[0], t_ns, "tmpc: stall"))
+            plan.append(
+                Decision(self.levels_int[first], t_ns + int(d_lo) - self.s_ns, "tmpc: raise")
+            )
+        else:
+            plan.append(Decision(self.levels_int[first], t_ns, "tmpc: short stall"))
+        return first, plan
+
+    # ---- timer path ------------------------------------------------------------------
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        return [d for d in self._plan if d.at_ns >= now_ns]
