@@ -23,7 +23,7 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     # A few whole-word pieces so tokenisation is not purely bytes.
-    pieces = ["▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁hello", "▁world"]
+    pieces = ["▁", "▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁hello", "▁world"]
     tokens += pieces
     scores = [0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(pieces))]
     types = (

@@ -161,7 +161,8 @@ class Llama(llama_cpp.Llama):
         power = getattr(self, "power", None)
         if power is not None:
             power.detach()
-        super().close()
+        if hasattr(self, "_stack"):  # absent when __init__ failed before llama_cpp's
+            super().close()
         if power is not None:
             power.close()
 
