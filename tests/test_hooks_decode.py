@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from tiny_gguf import N_LAYER
+
 from turboinfer_llama._clock import now_ns
 from turboinfer_llama.engine import ggml_mirror, hooks
 from turboinfer_llama.engine.events import Event, EventKind
@@ -113,7 +113,7 @@ def test_kernel_mode_gives_every_node_asked_then_done(
         dones = events[1::2]
         assert len(asks) == len(dones) > 0
         assert [e.node for e in asks] == list(range(len(asks)))
-        for ask, done in zip(asks, dones):
+        for ask, done in zip(asks, dones, strict=True):
             assert ask.kind is EventKind.NODE_ASK and done.kind is EventKind.NODE_DONE
             assert (ask.graph, ask.node, ask.op, ask.name, ask.shape) == (
                 done.graph,
@@ -172,9 +172,7 @@ def test_graph_mode_records_asks_only(model: ctypes.c_void_p, plain: Run, native
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_tiny_ring_overflows_without_harm(
-    model: ctypes.c_void_p, plain: Run, native: bool
-) -> None:
+def test_tiny_ring_overflows_without_harm(model: ctypes.c_void_p, plain: Run, native: bool) -> None:
     capacity = 8
     full = observe(model, "kernel", native)
     hook = make("kernel", native, capacity=capacity)
@@ -189,8 +187,10 @@ def test_tiny_ring_overflows_without_harm(
     assert kept == [min(n, capacity) for n in produced]
     assert overflow == sum(produced) - sum(kept) > 0
     # What was kept is the start of each step's stream.
-    for (_, _, _, f), (_, _, _, t) in zip(full.steps, tiny.steps):
-        assert [(e.kind, e.node, e.name) for e in t] == [(e.kind, e.node, e.name) for e in f[:capacity]]
+    for (_, _, _, f), (_, _, _, t) in zip(full.steps, tiny.steps, strict=True):
+        assert [(e.kind, e.node, e.name) for e in t] == [
+            (e.kind, e.node, e.name) for e in f[:capacity]
+        ]
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -136,7 +136,9 @@ def _abi_mismatch(lib: ctypes.CDLL) -> str:
         return f"record size {lib.ti_record_size()} != {RECORD_DTYPE.itemsize}"
     if lib.ti_config_size() != ctypes.sizeof(_Config):
         return f"config size {lib.ti_config_size()} != {ctypes.sizeof(_Config)}"
-    for field, (_, offset) in RECORD_DTYPE.fields.items():
+    fields: dict[str, Any] = dict(RECORD_DTYPE.fields or {})
+    for field in RECORD_DTYPE.names or ():
+        offset = fields[field][1]
         if field != "reserved" and lib.ti_record_field_offset(field.encode()) != offset:
             return f"record field {field} is not at offset {offset}"
     return ""
@@ -218,7 +220,13 @@ class _Decoder:
         self.shapes: dict[Hashable, NodeShape | None] = {}
 
     def event(
-        self, t_ns: int, graph: int, node: int, phase: int, op: bytes, name: bytes,
+        self,
+        t_ns: int,
+        graph: int,
+        node: int,
+        phase: int,
+        op: bytes,
+        name: bytes,
         shape: NodeShape | None,
     ) -> Event:
         named = self._names.get(name)
@@ -249,8 +257,7 @@ def _check_args(granularity: str, ring_capacity: int) -> int:
         raise ValueError(f"ring capacity must be an integer, got {ring_capacity!r}")
     if not 0 < ring_capacity <= MAX_RING_CAPACITY:
         raise ValueError(
-            f"ring capacity must be between 1 and {MAX_RING_CAPACITY} records, "
-            f"got {ring_capacity}"
+            f"ring capacity must be between 1 and {MAX_RING_CAPACITY} records, got {ring_capacity}"
         )
     return _GRANULARITY_CODE[granularity]
 
@@ -288,7 +295,7 @@ class NativeHook:
         self._lock = threading.Lock()  # one consumer at a time; close waits for drain
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._decoder = _Decoder()
-        self.user_data = ctypes.c_void_p(handle.value)
+        self.user_data: ctypes.c_void_p | None = ctypes.c_void_p(handle.value)
         self.cb_eval = _eval_callback_type()(ctypes.cast(lib.ti_hook_eval, ctypes.c_void_p).value)
 
     def begin_graph(self) -> int:
@@ -326,6 +333,7 @@ class NativeHook:
                 chunk["phase"].tolist(),
                 chunk["op"].tolist(),
                 chunk["name"].tolist(),
+                strict=True,
             )
         ):
             key = keys[i]
