@@ -123,6 +123,7 @@ class DevfreqGpu:
         # A max below the table's top at open was set by someone else: honour it.
         self._cap_hz = self._initial.max_hz
         self._last_max_hz: int | None = None
+        self._userspace = self._userspace_active()
         readers = _busy_readers(io, self.path)
         self.busy_source = readers[0][0] if readers else None
         self._busy = BusyIntegrator(readers[0][1]) if readers else None
@@ -169,12 +170,12 @@ class DevfreqGpu:
         self._check_open()
         if hz <= 0:
             raise InvalidFrequency(f"{hz} Hz: frequencies must be positive; {self._table()}")
+        current_max = self._observe_max()
         level = self._capped(snap_hz(self._levels, int(hz)))
-        set_freq = self._f("userspace/set_freq")
-        if self.governor == "userspace" and self.io.exists(set_freq):
-            self.io.write(set_freq, str(level))
+        if self._userspace:
+            self.io.write(self._f("userspace/set_freq"), str(level))
         else:
-            self._write_range(level, level)
+            self._write_range(level, level, current_max)
         return level
 
     def set_range(self, min_hz: int, max_hz: int) -> None:
@@ -183,9 +184,10 @@ class DevfreqGpu:
             raise InvalidFrequency(
                 f"range {min_hz}-{max_hz} Hz: need 0 < min <= max; {self._table()}"
             )
+        current_max = self._observe_max()
         lo = self._capped(snap_hz(self._levels, int(min_hz)))
         hi = self._capped(snap_hz(self._levels, int(max_hz)))
-        self._write_range(lo, hi)
+        self._write_range(lo, hi, current_max)
 
     def read_counters(self) -> Counters:
         self._check_open()
@@ -207,7 +209,10 @@ class DevfreqGpu:
     def restore(self, state: DeviceState) -> None:
         if state.governor is not None and self.governor != state.governor:
             self.io.write(self._f("governor"), state.governor)
-        self._write_range(state.min_hz, state.max_hz)
+        self._userspace = self._userspace_active()
+        now = (self._read_int("min_freq"), self._read_int("max_freq"))
+        if now != (state.min_hz, state.max_hz):
+            self._write_range(state.min_hz, state.max_hz, now[1])
 
     def close(self) -> None:
         self._guard.restore()
@@ -224,27 +229,30 @@ class DevfreqGpu:
         if self._guard.done:
             raise DeviceGone(f"{self.name} is closed")
 
+    def _userspace_active(self) -> bool:
+        """Read once at open and after restore (one adb round-trip less per set_hz)."""
+        return self.governor == "userspace" and self.io.exists(self._f("userspace/set_freq"))
+
     def _capped(self, hz: int) -> int:
-        self._notice_external_cap()
         if hz <= self._cap_hz:
             return hz
         below = [lv for lv in self._levels if lv <= self._cap_hz]
         return below[-1] if below else self._levels[0]
 
-    def _notice_external_cap(self) -> None:
-        """max_freq reads back lower than we wrote: a thermal or QoS cap came in since."""
-        if self._last_max_hz is None:
-            return
+    def _observe_max(self) -> int:
+        """Read max_freq; if it is lower than we wrote, a thermal or QoS cap came in
+        since: honour it from now on."""
         observed = self._read_int("max_freq")
-        if observed < self._last_max_hz:
+        if self._last_max_hz is not None and observed < self._last_max_hz:
             log.info(
                 "%s: max_freq lowered to %d Hz by someone else; honouring it", self.name, observed
             )
             self._cap_hz = min(self._cap_hz, observed)
+        return observed
 
-    def _write_range(self, lo: int, hi: int) -> None:
+    def _write_range(self, lo: int, hi: int, current_max: int) -> None:
         """Write min and max in an order that never makes min > max on the way."""
-        if lo > self._read_int("max_freq"):
+        if lo > current_max:
             self.io.write(self._f("max_freq"), str(hi))
             self.io.write(self._f("min_freq"), str(lo))
         else:
