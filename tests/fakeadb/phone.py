@@ -11,6 +11,7 @@ when the phone charges, in the phone's own sign and unit convention.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import threading
 import time
@@ -83,7 +84,6 @@ class FakePhone:
     unreadable: set[str] = field(default_factory=set)
     battery: BatteryModel | None = field(default_factory=BatteryModel)
     gpu_freq_path: str | None = None
-    module_param: str = "devfreq"
     modules: dict[str, str] = field(default_factory=dict)
     dmesg: list[str] = field(default_factory=list)
     load_jobs: int = 0
@@ -94,6 +94,9 @@ class FakePhone:
         self.root = Path(self.root)
         for d in ("data/local/tmp", "sdcard", "dev", "proc"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        (self.root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+        (self.root / "proc/sys/kernel/modules_disabled").write_text("0\n")
+        (self.root / "proc/modules").write_text("")
         (self.root / "proc/version").write_text(
             f"Linux version {self.kernel_release} (builder@android) {self.kernel_version}\n"
         )
@@ -241,14 +244,22 @@ class FakePhone:
             self.dmesg.append(f"{name}: version magic '{magic}' should be '{self.vermagic()}'")
             return errno.ENOEXEC
         values = dict(p.split("=", 1) for p in params if "=" in p)
-        target = values.get(self.module_param)
-        if target is None or not self.host_path(f"/sys/class/devfreq/{target}").exists():
-            self.dmesg.append(f"{name}: no devfreq device '{target}' (pass {self.module_param}=)")
+        target = values.get("target", "")
+        if not target:
+            self.dmesg.append(f"{name}: name a devfreq device with target=<name> or load "
+                              "with virtual=1")
+            return errno.EINVAL
+        names = self.listdir("/sys/class/devfreq", 0) if self.exists("/sys/class/devfreq") else []
+        found = [d for d in names if _matches(target, d)]
+        if not found:
+            self.dmesg.append(
+                f'{name}: no devfreq device on the platform bus matches "{target}"'
+            )
             return errno.ENODEV
         with self.lock:
             self.modules[name] = " ".join(params)
             self.host_path("/dev/turboinfer").write_text("")
-        self.dmesg.append(f"{name}: attached to devfreq {target}")
+        self.dmesg.append(f"{name}: attached to devfreq {found[0]}")
         return 0
 
     def rmmod(self, name: str, uid: int) -> int:
@@ -261,6 +272,14 @@ class FakePhone:
 
     def now_ns(self) -> int:
         return time.time_ns()
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """The module's target= rule: glob, exact, or a suffix after '.' or ','."""
+    if fnmatch.fnmatchcase(name, pattern):
+        return True
+    n, p = len(name), len(pattern)
+    return n > p and name.endswith(pattern) and name[n - p - 1] in ".,"
 
 
 def _modinfo(blob: bytes) -> dict[str, str]:
