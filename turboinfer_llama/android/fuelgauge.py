@@ -117,7 +117,8 @@ class PhoneSampler:
                                             link.settings.timeout_s)
         cat = " ".join(shlex.quote(files[n]) for n in ("current_now", "voltage_now", "status"))
         loop = f"while :; do echo S; date +%s%N; cat {cat}; sleep {period_s:g}; done\n"
-        self._conn.conn.sendall(bytes([STDIN]) + struct.pack("<I", len(loop)) + loop.encode())
+        self._sock = self._conn.conn
+        self._sock.sendall(bytes([STDIN]) + struct.pack("<I", len(loop)) + loop.encode())
         self.samples: list[Sample] = []
         self.error: str | None = None
         self._lock = threading.Lock()
@@ -159,7 +160,7 @@ class PhoneSampler:
         buf = b""
         while len(buf) < n:
             try:
-                chunk = self._conn.conn.recv(n - len(buf))
+                chunk = self._sock.recv(n - len(buf))
             except TimeoutError as e:
                 raise DeviceGone(f"{self.link.serial}: fuel-gauge samples stopped arriving") from e
             if not chunk:
@@ -209,13 +210,13 @@ class PhoneSampler:
         return min(s.host_ns - s.phone_ns for s in samples)
 
     def close(self) -> None:
+        if self._stopped:
+            return
         self._stopped = True
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except OSError:
-                pass
+        try:
+            self._conn.close()
+        except OSError:
+            pass
         self._thread.join(2)
 
 
