@@ -1,0 +1,189 @@
+"""The one place that touches llama-cpp-python's server internals.
+
+Written for llama-cpp-python >=0.3.36,<0.4 (``llama_cpp.server.app``, ``.model``,
+``.settings``, ``.cli``, ``.types``, ``.errors`` as in 0.3.36). Everything else in
+``turboinfer_llama.server`` goes through the names exported here, so a new
+llama-cpp-python release means re-checking this file only.
+
+What it relies on:
+
+* ``app.create_app(server_settings=, model_settings=)`` builds the FastAPI app with all
+  of llama-cpp-python's routes and stores the ``LlamaProxy`` it makes in
+  ``app._llama_proxy`` (the proxy class is looked up by name in ``app`` at that moment);
+* ``LlamaProxy.load_llama_from_model_settings(settings)`` constructs the model as
+  ``llama_cpp.Llama(...)``, looking ``llama_cpp`` up in ``model``'s globals at call time;
+* ``LlamaProxy._current_model`` / ``_current_model_alias`` name the loaded model;
+* ``app.authenticate`` is the API-key dependency of every route;
+* ``errors.RouteErrorHandler.error_message_wrapper`` formats OpenAI-style errors from
+  its class attribute ``pattern_and_formatters``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import llama_cpp
+import llama_cpp.server.app as _app
+import llama_cpp.server.model as _model
+from fastapi import FastAPI
+from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+from llama_cpp.server.errors import RouteErrorHandler
+from llama_cpp.server.model import LlamaProxy
+from llama_cpp.server.settings import ModelSettings, ServerSettings
+from llama_cpp.server.types import (
+    CreateChatCompletionRequest,
+    CreateCompletionRequest,
+    CreateEmbeddingRequest,
+    DetokenizeInputRequest,
+    TokenizeInputRequest,
+)
+from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = ((0, 3, 36), (0, 4, 0))
+SUPPORTED_TEXT = "llama-cpp-python>=0.3.36,<0.4"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+if not SUPPORTED[0] <= _version_tuple(llama_cpp.__version__) < SUPPORTED[1]:
+    log.warning(
+        "llama-cpp-python %s: turboinfer's server adapter is written for %s; "
+        "check turboinfer_llama/server/adapter.py",
+        llama_cpp.__version__,
+        SUPPORTED_TEXT,
+    )
+
+authenticate = _app.authenticate
+
+# Body model of every POST route, so bad bodies are answered before the route runs
+# (the routes' own error handler turns validation errors into 500s).
+REQUEST_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/completions": CreateCompletionRequest,
+    "/v1/engines/copilot-codex/completions": CreateCompletionRequest,
+    "/v1/chat/completions": CreateChatCompletionRequest,
+    "/v1/embeddings": CreateEmbeddingRequest,
+    "/extras/tokenize": TokenizeInputRequest,
+    "/extras/tokenize/count": TokenizeInputRequest,
+    "/extras/detokenize": DetokenizeInputRequest,
+}
+# Routes that take a model name and fall back to the default model for unknown ones.
+ROUTES_WITH_MODEL = frozenset(REQUEST_MODELS) - {"/v1/engines/copilot-codex/completions"}
+
+LlamaClassFor = Callable[[ModelSettings], type[llama_cpp.Llama]]
+
+_SWAP_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
+    with _SWAP_LOCK:
+        original = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            yield
+        finally:
+            setattr(module, name, original)
+
+
+class _LlamaCppWith:
+    """``llama_cpp`` as ``llama_cpp.server.model`` sees it while loading: ``Llama`` is ours."""
+
+    def __init__(self, llama_cls: type[llama_cpp.Llama]) -> None:
+        self.Llama = llama_cls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(llama_cpp, name)
+
+
+def _served_proxy(llama_class_for: LlamaClassFor) -> type[LlamaProxy]:
+    class ServedLlamaProxy(LlamaProxy):
+        """llama-cpp-python's proxy (aliases, switching) loading our ``Llama``."""
+
+        @staticmethod
+        def load_llama_from_model_settings(settings: ModelSettings) -> llama_cpp.Llama:
+            view = _LlamaCppWith(llama_class_for(settings))
+            with _swapped(_model, "llama_cpp", view):
+                return LlamaProxy.load_llama_from_model_settings(settings)
+
+    return ServedLlamaProxy
+
+
+def build_llama_app(
+    server_settings: ServerSettings,
+    model_settings: list[ModelSettings],
+    llama_class_for: LlamaClassFor,
+) -> FastAPI:
+    """llama-cpp-python's app, every route unchanged, serving ``llama_class_for(settings)``.
+
+    Loads the default model (as llama-cpp-python does) before returning.
+    """
+    with _swapped(_app, "LlamaProxy", _served_proxy(llama_class_for)):
+        app: FastAPI = _app.create_app(
+            server_settings=server_settings, model_settings=model_settings
+        )
+    return app
+
+
+def proxy() -> LlamaProxy | None:
+    return _app._llama_proxy
+
+
+def model_aliases() -> list[str]:
+    p = proxy()
+    return list(p) if p is not None else []
+
+
+def loaded_model() -> tuple[str | None, llama_cpp.Llama | None]:
+    """The alias and object of the model now loaded (read without the request lock)."""
+    p = proxy()
+    if p is None:
+        return None, None
+    return getattr(p, "_current_model_alias", None), getattr(p, "_current_model", None)
+
+
+def free_models() -> None:
+    """Close the loaded model (restores the GPU through its power session). Idempotent."""
+    p = proxy()
+    if p is not None and getattr(p, "_current_model", None) is not None:
+        p.free()
+        p._current_model = None
+
+
+def format_route_error(error: Exception, body: BaseModel | None) -> tuple[int, dict[str, Any]]:
+    """(status, OpenAI-style error) exactly as llama-cpp-python's routes would answer."""
+    status, err = RouteErrorHandler.error_message_wrapper(
+        RouteErrorHandler,  # type: ignore[arg-type]
+        error=error,
+        body=body,  # type: ignore[arg-type]
+    )
+    return status, dict(err)
+
+
+__all__ = [
+    "REQUEST_MODELS",
+    "ROUTES_WITH_MODEL",
+    "SUPPORTED_TEXT",
+    "ModelSettings",
+    "ServerSettings",
+    "add_args_from_model",
+    "authenticate",
+    "build_llama_app",
+    "format_route_error",
+    "free_models",
+    "loaded_model",
+    "model_aliases",
+    "parse_model_from_args",
+    "proxy",
+]

@@ -1,0 +1,107 @@
+"""Server settings: llama-cpp-python's settings classes plus every ``PowerSettings`` field.
+
+The power fields are generated from ``PowerSettings``, so a new power option becomes a
+server flag (``--latency-slack``) and config-file key automatically. Their environment
+variables keep our ``TURBOINFER_`` prefix (``TURBOINFER_DEVICE``), while llama-cpp-python's
+own fields keep theirs (``MODEL``, ``N_CTX``, ``HOST``, ``API_KEY``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, create_model
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
+
+from ..settings import PowerSettings
+from .adapter import ModelSettings, ServerSettings
+
+POWER_ENV_PREFIX = "TURBOINFER_"
+
+_POWER_SAVING = Field(
+    default=True,
+    description="Power saving: watch the engine and control the GPU clock. False serves "
+    "plain llama-cpp-python (no hooks installed).",
+)
+
+PowerFields: type[BaseSettings] = create_model(  # type: ignore[call-overload]
+    "PowerFields",
+    __base__=BaseSettings,
+    power_saving=(bool, _POWER_SAVING),
+    **{name: (info.annotation, info) for name, info in PowerSettings.model_fields.items()},
+)
+
+POWER_FIELD_NAMES: frozenset[str] = frozenset(PowerFields.model_fields)
+
+
+class _EnvSubset(EnvSettingsSource):
+    """Environment variables for only some fields (the power fields, or all the others)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], prefix: str, power: bool) -> None:
+        super().__init__(settings_cls, env_prefix=prefix)
+        self._power = power
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if (field_name in POWER_FIELD_NAMES) != self._power:
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+
+class TurboModelSettings(ModelSettings, PowerFields):  # type: ignore[misc, valid-type]
+    """One served model: llama-cpp-python's model settings plus the power settings."""
+
+    device: str = Field(
+        default="auto",
+        description=str(PowerSettings.model_fields["device"].description)
+        + " 'auto' uses a real GPU when one is controllable and otherwise the "
+        "simulator (logged, and every figure is labelled simulated).",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            _EnvSubset(settings_cls, POWER_ENV_PREFIX, power=True),
+            _EnvSubset(settings_cls, "", power=False),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    def power_settings(self) -> PowerSettings:
+        """The ``PowerSettings`` for this model's ``Llama``."""
+        return PowerSettings.model_validate(
+            {name: getattr(self, name) for name in PowerSettings.model_fields}
+        )
+
+
+class TurboServerSettings(ServerSettings):
+    """llama-cpp-python's server settings, bound to loopback unless told otherwise."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="Listen address. Loopback by default; use 0.0.0.0 only together "
+        "with --api-key on a trusted network.",
+    )
+    max_request_bytes: int = Field(
+        default=8 << 20,
+        gt=0,
+        description="Largest request body accepted; bigger ones get 413.",
+    )
+
+
+class TurboSettings(TurboServerSettings, TurboModelSettings):
+    """Everything a one-model server takes: the CLI flags and environment variables."""
+
+
+class TurboConfigFileSettings(TurboServerSettings):
+    """The ``--config-file`` format: server settings plus a list of models."""
+
+    models: list[TurboModelSettings] = Field(default=[], description="Model configs")

@@ -1,0 +1,134 @@
+"""Read a model's power figures for ``/v1/power``, ``/metrics`` and the energy headers.
+
+Everything comes from ``PowerSession.stats()``. Keys that the session does not report
+(yet) come back as None, never as an error. Keys read, first one present wins:
+
+* device:     ``device.name``, ``device.simulated`` | ``simulated``,
+              ``device.freq_hz`` | ``freq_hz``, ``device.power_w`` | ``power_w``
+* controller: ``controller.name``, ``controller.healthy``, ``controller.last_error``,
+              ``controller.switches`` | ``switches``
+* energy:     ``energy.energy_j`` | ``energy`` (a number) | ``energy_j`` |
+              ``PowerSession.energy()`` (a number, or an object/dict with ``energy_j``),
+              ``energy.baseline_j``, ``energy.saved_j`` (else baseline - energy),
+              ``energy.simulated``
+* counts:     ``requests``, ``tokens``, ``stalls``, ``hook``
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _get(d: Any, path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def _first(d: Any, *paths: str, kind: type | tuple[type, ...] = (int, float)) -> Any:
+    """The first value at ``paths`` of type ``kind`` (a bool never counts as a number)."""
+    for path in paths:
+        v = _get(d, path)
+        if isinstance(v, kind) and (kind is bool or not isinstance(v, bool)):
+            return v
+    return None
+
+
+def _name(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    n = _get(v, "name")
+    return n if isinstance(n, str) else None
+
+
+def _energy_call(power: Any) -> float | None:
+    fn = getattr(power, "energy", None)
+    if not callable(fn):
+        return None
+    v = fn()
+    if isinstance(v, dict):
+        v = v.get("energy_j")
+    elif not isinstance(v, (int, float)):
+        v = getattr(v, "energy_j", None)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def stats_of(power: Any) -> tuple[dict[str, Any], str | None]:
+    """``power.stats()`` and None, or ({}, the error) if it could not be read."""
+    if power is None:
+        return {}, None
+    try:
+        st = power.stats()
+    except Exception as e:  # telemetry must never take the server down
+        log.warning("power stats unavailable: %s", e)
+        return {}, f"{type(e).__name__}: {e}"
+    return (st if isinstance(st, dict) else {}), None
+
+
+def energy_reading(
+    power: Any, st: dict[str, Any] | None = None
+) -> tuple[float | None, bool | None]:
+    """(energy so far in J or None, simulated or None) for one session."""
+    if power is None:
+        return None, None
+    if st is None:
+        st, _ = stats_of(power)
+    energy = _first(st, "energy.energy_j", "energy", "energy_j")
+    if energy is None:
+        try:
+            energy = _energy_call(power)
+        except Exception as e:  # an optional method; report None
+            log.debug("power.energy() failed: %s", e)
+    simulated = _first(st, "energy.simulated", "device.simulated", "simulated", kind=bool)
+    return (float(energy) if energy is not None else None), simulated
+
+
+def power_report(power: Any) -> dict[str, Any]:
+    """The device/controller/energy part of ``/v1/power`` for one session (or None)."""
+    settings = getattr(power, "settings", None)
+    st, error = stats_of(power)
+    energy_j, simulated = energy_reading(power, st)
+    baseline_j = _first(st, "energy.baseline_j")
+    saved_j = _first(st, "energy.saved_j")
+    if saved_j is None and baseline_j is not None and energy_j is not None:
+        saved_j = baseline_j - energy_j
+    device = st.get("device")
+    controller = st.get("controller")
+    last_error = _get(controller, "last_error")
+    return {
+        "simulated": simulated,
+        "device": {
+            "spec": getattr(settings, "device", None),
+            "name": _name(device),
+            "simulated": simulated,
+            "freq_hz": _first(st, "device.freq_hz", "freq_hz"),
+            "power_w": _first(st, "device.power_w", "power_w"),
+        },
+        "controller": {
+            "name": _name(controller) or getattr(settings, "controller", None),
+            "latency_slack": getattr(settings, "latency_slack", None),
+            "healthy": _first(st, "controller.healthy", kind=bool),
+            "last_error": last_error if isinstance(last_error, str) else error,
+            "switches": _first(st, "controller.switches", "switches", kind=int),
+        },
+        "energy": {
+            "energy_j": energy_j,
+            "baseline_j": baseline_j,
+            "saved_j": saved_j,
+            "saved_fraction": (saved_j / baseline_j)
+            if saved_j is not None and baseline_j
+            else None,
+            "baseline": "default-governor estimate",
+            "simulated": simulated,
+        },
+        "tokens": _first(st, "tokens", kind=int),
+        "requests": _first(st, "requests", kind=int),
+        "stalls": st.get("stalls"),
+        "hook": st.get("hook"),
+        "stats_error": error,
+    }
