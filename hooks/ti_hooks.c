@@ -150,9 +150,9 @@ static bool ti_wants_done(const struct ti_hook *h, const char *name)
 
 TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 {
-	int64_t t_ns = ti_now_ns();
 	struct ti_hook *h = user_data;
 	const char *name;
+	int64_t t_ns;
 	int32_t node;
 
 	/* Inert answers: false on ask (no sync), true on done (false would abort). */
@@ -160,6 +160,7 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 	    atomic_load_explicit(&h->disabled, memory_order_relaxed))
 		return !ask;
 
+	t_ns = ti_now_ns();
 	name = h->api.get_name(tensor);
 	if (!ask) {
 		ti_push(h, tensor, name, h->cur_node, TI_DONE, t_ns);

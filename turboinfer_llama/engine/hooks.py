@@ -24,7 +24,7 @@ import importlib.machinery
 import logging
 import os
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,6 +68,7 @@ RECORD_DTYPE = np.dtype(
     ]
 )
 _SHAPE_FIELDS = ["flags", "ne", "type", "src0_ne", "src0_type", "src1_ne", "src1_type", "nbytes"]
+_SHAPE_DTYPE = np.dtype([(f, RECORD_DTYPE[f]) for f in _SHAPE_FIELDS])
 
 
 class HookError(RuntimeError):
@@ -214,38 +215,39 @@ def _shape(
 class _Decoder:
     """Turns raw records into Events, caching what repeats every token (names, shapes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, build_shape: Callable[[Any], NodeShape | None]) -> None:
+        self._build_shape = build_shape
         self._names: dict[bytes, tuple[str, int]] = {}
         self._ops: dict[bytes, str] = {}
-        self.shapes: dict[Hashable, NodeShape | None] = {}
+        self._shapes: dict[Hashable, NodeShape | None] = {}
 
-    def event(
-        self,
-        t_ns: int,
-        graph: int,
-        node: int,
-        phase: int,
-        op: bytes,
-        name: bytes,
-        shape: NodeShape | None,
-    ) -> Event:
-        named = self._names.get(name)
-        if named is None:
-            text = name.decode("utf-8", "replace")
-            named = self._names[name] = (text, layer_of(text))
-        op_text = self._ops.get(op)
-        if op_text is None:
-            op_text = self._ops[op] = op.decode("ascii", "replace")
-        return Event(
-            kind=EventKind.NODE_DONE if phase == _DONE else EventKind.NODE_ASK,
-            t_ns=t_ns,
-            graph=graph,
-            node=node,
-            op=op_text,
-            name=named[0],
-            layer=named[1],
-            shape=shape,
-        )
+    def decode(self, rows: Iterable[tuple[Any, ...]], out: list[Event]) -> None:
+        """rows: (t_ns, graph, node, phase, op, name, shape_key); shape_key is hashable."""
+        names, ops, shapes = self._names, self._ops, self._shapes
+        for t_ns, graph, node, phase, op, name, key in rows:
+            named = names.get(name)
+            if named is None:
+                text = name.decode("utf-8", "replace")
+                named = names[name] = (text, layer_of(text))
+            op_text = ops.get(op)
+            if op_text is None:
+                op_text = ops[op] = op.decode("ascii", "replace")
+            if key in shapes:
+                shape = shapes[key]
+            else:
+                shape = shapes[key] = self._build_shape(key)
+            out.append(
+                Event(
+                    kind=EventKind.NODE_DONE if phase == _DONE else EventKind.NODE_ASK,
+                    t_ns=t_ns,
+                    graph=graph,
+                    node=node,
+                    op=op_text,
+                    name=named[0],
+                    layer=named[1],
+                    shape=shape,
+                )
+            )
 
 
 def _check_args(granularity: str, ring_capacity: int) -> int:
@@ -294,7 +296,7 @@ class NativeHook:
         self._handle: int | None = handle.value
         self._lock = threading.Lock()  # one consumer at a time; close waits for drain
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
-        self._decoder = _Decoder()
+        self._decoder = _Decoder(self._shape_from_key)
         self.user_data: ctypes.c_void_p | None = ctypes.c_void_p(handle.value)
         self.cb_eval = _eval_callback_type()(ctypes.cast(lib.ti_hook_eval, ctypes.c_void_p).value)
 
@@ -318,31 +320,27 @@ class NativeHook:
     def _decode(self, chunk: np.ndarray, out: list[Event]) -> None:
         if not len(chunk):
             return
-        shapes = self._decoder.shapes
-        # Key each record's shape by its raw bytes: shapes repeat every token.
-        packed = np.empty(len(chunk), dtype=np.dtype([(f, chunk.dtype[f]) for f in _SHAPE_FIELDS]))
+        # A record's shape fields, packed, are its shape's cache key: shapes repeat
+        # every token. ("S" drops trailing NULs; equal-length keys stay distinct.)
+        packed = np.empty(len(chunk), dtype=_SHAPE_DTYPE)
         for f in _SHAPE_FIELDS:
             packed[f] = chunk[f]
-        keys = packed.view(f"S{packed.dtype.itemsize}").tolist()
-        event = self._decoder.event
-        for i, (t_ns, graph, node, phase, op, name) in enumerate(
-            zip(
-                chunk["t_ns"].tolist(),
-                chunk["graph"].tolist(),
-                chunk["node"].tolist(),
-                chunk["phase"].tolist(),
-                chunk["op"].tolist(),
-                chunk["name"].tolist(),
-                strict=True,
-            )
-        ):
-            key = keys[i]
-            if key in shapes:
-                shape = shapes[key]
-            else:
-                row = packed[i]
-                shape = shapes[key] = _shape(*(row[f].tolist() for f in _SHAPE_FIELDS))
-            out.append(event(t_ns, graph, node, phase, op, name, shape))
+        rows = zip(
+            chunk["t_ns"].tolist(),
+            chunk["graph"].tolist(),
+            chunk["node"].tolist(),
+            chunk["phase"].tolist(),
+            chunk["op"].tolist(),
+            chunk["name"].tolist(),
+            packed.view(f"S{_SHAPE_DTYPE.itemsize}").tolist(),
+            strict=True,
+        )
+        self._decoder.decode(rows, out)
+
+    @staticmethod
+    def _shape_from_key(key: bytes) -> NodeShape | None:
+        row = np.frombuffer(key.ljust(_SHAPE_DTYPE.itemsize, b"\0"), dtype=_SHAPE_DTYPE)[0]
+        return _shape(*(row[f].tolist() for f in _SHAPE_FIELDS))
 
     @property
     def overflow(self) -> int:
@@ -387,7 +385,7 @@ class PythonHook:
         self._disabled = False
         self._closed = False
         self._failed = False
-        self._decoder = _Decoder()
+        self._decoder = _Decoder(lambda key: _shape(*key))
         self.user_data: ctypes.c_void_p | None = None
         self.cb_eval = _eval_callback_type()(self._eval)
 
@@ -444,15 +442,8 @@ class PythonHook:
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
-        shapes = self._decoder.shapes
         records = self._records
-        for _ in range(len(records)):
-            t_ns, graph, node, phase, op, name, key = records.popleft()
-            if key in shapes:
-                shape = shapes[key]
-            else:
-                shape = shapes[key] = _shape(*key)
-            events.append(self._decoder.event(t_ns, graph, node, phase, op, name, shape))
+        self._decoder.decode((records.popleft() for _ in range(len(records))), events)
         return events
 
     @property
