@@ -5,7 +5,9 @@
 # Run as root (CI runs `make sysdeps` as root); needs only the Debian archive.
 set -eu
 
-# The command each package provides, so presence is checked without dpkg -l parsing.
+# qemu and busybox-static boot the test, linux-headers-amd64 (with its kbuild and gcc)
+# builds the module, build-essential/libc6-dev the static checker, cpio/gzip pack the
+# initramfs, kmod gives modinfo/insmod, xz-utils/zstd unpack kernel packages.
 pkgs="qemu-system-x86 busybox-static linux-headers-amd64 build-essential libc6-dev cpio kmod gzip xz-utils zstd"
 
 missing=""
