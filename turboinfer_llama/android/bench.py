@@ -9,6 +9,7 @@ figure (calibrated gauge, not charging); the workload loop is the runner's
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ class PhoneRig:
 
 
 def find_runner() -> Callable[..., Any]:
+    """``run_bench`` if this build has one that can take a phone (``device=`` and
+    ``meter=`` keywords); otherwise ``RunnerMissing`` saying what is missing."""
     try:
         module = importlib.import_module(RUNNER)
     except ModuleNotFoundError as e:
@@ -46,12 +49,19 @@ def find_runner() -> Callable[..., Any]:
             raise
         module = None
     run_bench = getattr(module, "run_bench", None)
+    ready = " The phone device and battery meter are ready for it: " \
+        "turboinfer_llama.android.bench.phone_rig(); `turboinfer android probe` works."
     if run_bench is None:
         raise RunnerMissing(
             f"the benchmark runner ({RUNNER}.run_bench) is not in this build, so "
-            "`turboinfer android bench` cannot run a workload yet. `turboinfer android "
-            "probe` works, and the phone device and battery meter are ready for it "
-            "(turboinfer_llama.android.bench.phone_rig)"
+            "`turboinfer android bench` cannot run a workload yet." + ready
+        )
+    params = inspect.signature(run_bench).parameters
+    if not {"device", "meter"} <= params.keys():
+        raise RunnerMissing(
+            f"this build's {RUNNER}.run_bench{inspect.signature(run_bench)} replays on the "
+            "simulated GPU and takes no phone device or battery meter (device=, meter=), "
+            "so `turboinfer android bench` cannot run a workload on the phone yet." + ready
         )
     return run_bench  # type: ignore[no-any-return]
 

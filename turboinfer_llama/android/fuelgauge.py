@@ -25,7 +25,7 @@ import numpy as np
 
 from .._clock import now_ns
 from ..devices.base import DeviceError, DeviceGone, DeviceNotFound, PermissionDenied
-from ..power import Calibration, Measurement
+from ..power.base import Calibration, Measurement
 from .link import EXIT, STDERR, STDIN, STDOUT, AdbLink
 from .settings import AdbSettings
 
@@ -351,8 +351,7 @@ class BatteryEnergyMeter:
                 log.warning("%s", msg)
 
     def power_w(self, s: Sample) -> float:
-        amps = self.cal.sign * s.current_raw * self.cal.current_unit_scale
-        return amps * s.voltage_raw * self.cal.voltage_unit_scale
+        return self.cal.power_w(s.current_raw, s.voltage_raw)
 
     def begin_window(self, name: str) -> None:
         if name in self._windows:
