@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 
 import pytest
 
@@ -128,3 +130,26 @@ def test_records_from_real_ggml_tensors(native: bool) -> None:
     assert shape.src0_ne == (4, 3, 1, 1) and shape.src1_ne == (4, 1, 1, 1)
     assert shape.nbytes == 4 * 3 * 4
     assert events[0].shape is not None and events[0].shape.src0_ne is None
+
+
+def test_missing_native_library_falls_back_and_says_so_once() -> None:
+    """With no built library in sight, hooks are pure Python and one line says why."""
+    code = (
+        "import importlib.machinery, logging\n"
+        "importlib.machinery.EXTENSION_SUFFIXES[:] = []\n"
+        "logging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
+        "from turboinfer_llama.engine import hooks\n"
+        "import turboinfer_llama.engine.hooks\n"
+        "assert not hooks.NATIVE_AVAILABLE\n"
+        "for g in hooks.GRANULARITIES:\n"
+        "    h = hooks.make_hook(g, 4)\n"
+        "    assert not h.native\n"
+        "    h.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "pure-Python" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith("turboinfer_llama ") and "was not built" in lines[0]

@@ -14,6 +14,10 @@ Two implementations share one contract (:class:`EvalHook`):
 
 Granularity decides where the hook forces a sync: ``graph`` never (asks only),
 ``layer`` at each layer's output node (``l_out-<i>``), ``kernel`` at every node.
+
+Numbering: ``graph`` counts :meth:`EvalHook.begin_graph` calls (one per llama_decode)
+and ``node`` counts asks since then, in the scheduler's order. When one llama_decode
+runs several ubatches, their nodes continue one numbering under one graph number.
 """
 
 from __future__ import annotations
@@ -224,6 +228,7 @@ class _Decoder:
     def decode(self, rows: Iterable[tuple[Any, ...]], out: list[Event]) -> None:
         """rows: (t_ns, graph, node, phase, op, name, shape_key); shape_key is hashable."""
         names, ops, shapes = self._names, self._ops, self._shapes
+        kinds = (EventKind.NODE_ASK, EventKind.NODE_DONE)  # indexed by phase
         for t_ns, graph, node, phase, op, name, key in rows:
             named = names.get(name)
             if named is None:
@@ -238,7 +243,7 @@ class _Decoder:
                 shape = shapes[key] = self._build_shape(key)
             out.append(
                 Event(
-                    kind=EventKind.NODE_DONE if phase == _DONE else EventKind.NODE_ASK,
+                    kind=kinds[phase],
                     t_ns=t_ns,
                     graph=graph,
                     node=node,
