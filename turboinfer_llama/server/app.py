@@ -35,10 +35,11 @@ def power_report(ledger: RequestLedger) -> dict[str, Any]:
         "object": "power",
         "model": alias,
         "power_saving": power is not None,
-        **{k: v for k, v in r.items() if k not in ("tokens", "requests")},
+        **{k: v for k, v in r.items() if k not in ("tokens", "requests", "open_requests")},
         "requests": {
             "served": ledger.total,
             "engine_requests": r["requests"],
+            "engine_open": r["open_requests"],
             "tokens": r["tokens"],
             "recent": ledger.recent(),
         },

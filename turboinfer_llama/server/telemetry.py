@@ -11,7 +11,8 @@ Everything comes from ``PowerSession.stats()``. Keys that the session does not r
               ``PowerSession.energy()`` (a number, or an object/dict with ``energy_j``),
               ``energy.baseline_j``, ``energy.saved_j`` (else baseline - energy),
               ``energy.simulated``
-* counts:     ``requests``, ``tokens``, ``stalls``, ``hook``
+* counts:     ``requests``, ``tokens``, ``events.request_begin``, ``events.request_end``,
+              ``stalls``, ``hook``
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def energy_reading(
     return (float(energy) if energy is not None else None), simulated
 
 
+def _open_requests(st: dict[str, Any]) -> int | None:
+    begun = _first(st, "events.request_begin", kind=int)
+    if begun is None:
+        return None
+    return begun - (_first(st, "events.request_end", kind=int) or 0)
+
+
 def power_report(power: Any) -> dict[str, Any]:
     """The device/controller/energy part of ``/v1/power`` for one session (or None)."""
     settings = getattr(power, "settings", None)
@@ -128,6 +136,7 @@ def power_report(power: Any) -> dict[str, Any]:
         },
         "tokens": _first(st, "tokens", kind=int),
         "requests": _first(st, "requests", kind=int),
+        "open_requests": _open_requests(st),
         "stalls": st.get("stalls"),
         "hook": st.get("hook"),
         "stats_error": error,
