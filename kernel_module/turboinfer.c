@@ -213,6 +213,18 @@ static int ti_transition_cb(struct notifier_block *nb, unsigned long event, void
 	return NOTIFY_OK;
 }
 
+/* Start the transition record from devfreq's clock; the notifier keeps it after. */
+static void ti_sync_cur_hz(struct ti_dev *td)
+{
+	unsigned long flags;
+
+	mutex_lock(&td->df->lock);
+	spin_lock_irqsave(&td->acct_lock, flags);
+	td->cur_hz = td->df->previous_freq;
+	spin_unlock_irqrestore(&td->acct_lock, flags);
+	mutex_unlock(&td->df->lock);
+}
+
 static unsigned long ti_devfreq_cur_hz(struct ti_dev *td)
 {
 	unsigned long hz;
@@ -310,7 +322,6 @@ static int ti_read_table(struct ti_dev *td)
 	for (i = 0; i < df->max_state; i++)
 		td->freqs_hz[i] = df->freq_table[i];
 	n = df->max_state;
-	td->cur_hz = df->previous_freq;
 	if (!td->is_virtual && !ti_last_status_ppm(df, &td->busy_ppm))
 		td->busy_ppm = 0;
 out:
@@ -761,7 +772,6 @@ static const struct file_operations ti_fops = {
 	.poll = ti_poll,
 	.unlocked_ioctl = ti_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
-	.llseek = no_llseek,
 };
 
 /* ---- cooling device ------------------------------------------------------ */
@@ -932,12 +942,15 @@ static int ti_find_in_parent(struct device *parent, void *data)
 static int ti_attach(struct ti_dev *td)
 {
 	struct ti_find find = { .pattern = ti_target };
+	int ret;
 
 	if (!ti_target[0]) {
 		pr_err("name a devfreq device with target=<name> or load with virtual=1\n");
 		return -EINVAL;
 	}
-	bus_for_each_dev(&platform_bus_type, NULL, &find, ti_find_in_parent);
+	ret = bus_for_each_dev(&platform_bus_type, NULL, &find, ti_find_in_parent);
+	if (ret < 0)
+		return ret;
 	if (!find.found) {
 		pr_err("no devfreq device on the platform bus matches \"%s\"\n", ti_target);
 		return -ENODEV;
@@ -977,6 +990,7 @@ static int __init ti_init(void)
 	ret = devfreq_register_notifier(td->df, &td->trans_nb, DEVFREQ_TRANSITION_NOTIFIER);
 	if (ret)
 		goto err_detach;
+	ti_sync_cur_hz(td);
 
 	ret = dev_pm_qos_add_request(td->parent, &td->cool_req, DEV_PM_QOS_MAX_FREQUENCY,
 				     PM_QOS_MAX_FREQUENCY_DEFAULT_VALUE);
