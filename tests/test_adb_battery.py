@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from fakeadb import HUAWEI_BATTERY, LINUX_ABI_BATTERY, oneplus8, pixel_mali, serving
+
 from turboinfer_llama.android import fuelgauge
 from turboinfer_llama.android.link import AdbLink
 from turboinfer_llama.android.settings import AdbSettings
@@ -41,7 +41,7 @@ def test_adb_calibration_refuses_while_charging(tmp_path, monkeypatch):
     phone = oneplus8(tmp_path / "phone")
     phone.battery.charging = True
     with serving(monkeypatch, tmp_path / "state", phone):
-        with pytest.raises(fuelgauge.ChargingError, match="charging.*Unplug"):
+        with pytest.raises(fuelgauge.ChargingError, match=r"charging.*Unplug"):
             fuelgauge.calibrate(_link(), seconds=0.4)
         # Forced: the load still moves the raw current towards "discharge".
         record = fuelgauge.calibrate(_link(), seconds=0.4, force=True)

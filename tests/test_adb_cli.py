@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from fakeadb import fake_module, oneplus8, pixel_mali, serving
+
 from turboinfer_llama.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "android"

@@ -7,8 +7,8 @@ import threading
 
 import adbutils
 import pytest
-
 from fakeadb import oneplus8, pixel_mali, serving
+
 from turboinfer_llama.android.actuator import SafeActuator
 from turboinfer_llama.control.base import Decision
 from turboinfer_llama.devices import open_device
@@ -98,7 +98,7 @@ def test_adb_without_root_reads_but_says_setting_needs_root(tmp_path, monkeypatc
         assert not gpu.capabilities.can_set
         assert "clock reads" in gpu.capabilities.switch_latency_source
         assert gpu.current_hz() == 305_000_000
-        with pytest.raises(PermissionDenied, match="not rooted.*Magisk"):
+        with pytest.raises(PermissionDenied, match=r"not rooted.*Magisk"):
             gpu.set_hz(400_000_000)
         assert _read(phone, f"{KGSL}/max_pwrlevel") == "0"
         gpu.close()
@@ -107,9 +107,11 @@ def test_adb_without_root_reads_but_says_setting_needs_root(tmp_path, monkeypatc
 
 def test_adb_unreadable_node_without_root_is_explained(tmp_path, monkeypatch):
     phone = oneplus8(tmp_path / "phone", rooted=False, unreadable={f"/{KGSL}/gpuclk"})
-    with serving(monkeypatch, tmp_path / "state", phone):
-        with pytest.raises(PermissionDenied, match="gpuclk.*not rooted.*Magisk"):
-            open_device("adb")
+    with (
+        serving(monkeypatch, tmp_path / "state", phone),
+        pytest.raises(PermissionDenied, match=r"gpuclk.*not rooted.*Magisk"),
+    ):
+        open_device("adb")
 
 
 def test_adb_missing_phone_and_server_are_clear_errors(tmp_path, monkeypatch):

@@ -13,8 +13,9 @@ from .server import FakeAdbServer
 
 
 @contextmanager
-def serving(monkeypatch: pytest.MonkeyPatch, state_dir: Path,
-            *phones: FakePhone) -> Iterator[FakeAdbServer]:
+def serving(
+    monkeypatch: pytest.MonkeyPatch, state_dir: Path, *phones: FakePhone
+) -> Iterator[FakeAdbServer]:
     """Run a fake adb server with ``phones``; TURBOINFER_ADB_* point at it."""
     server = FakeAdbServer(list(phones)).start()
     monkeypatch.setenv("TURBOINFER_ADB_SERVER", server.address)

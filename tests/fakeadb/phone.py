@@ -246,15 +246,14 @@ class FakePhone:
         values = dict(p.split("=", 1) for p in params if "=" in p)
         target = values.get("target", "")
         if not target:
-            self.dmesg.append(f"{name}: name a devfreq device with target=<name> or load "
-                              "with virtual=1")
+            self.dmesg.append(
+                f"{name}: name a devfreq device with target=<name> or load with virtual=1"
+            )
             return errno.EINVAL
         names = self.listdir("/sys/class/devfreq", 0) if self.exists("/sys/class/devfreq") else []
         found = [d for d in names if _matches(target, d)]
         if not found:
-            self.dmesg.append(
-                f'{name}: no devfreq device on the platform bus matches "{target}"'
-            )
+            self.dmesg.append(f'{name}: no devfreq device on the platform bus matches "{target}"')
             return errno.ENODEV
         with self.lock:
             self.modules[name] = " ".join(params)

@@ -14,8 +14,9 @@ LINUX_ABI_BATTERY = {"sign": -1, "current_unit": "uA", "voltage_unit": "uV"}
 HUAWEI_BATTERY = {"sign": -1, "current_unit": "mA", "voltage_unit": "mV"}
 
 
-def oneplus8(root: Path, serial: str = "8a3f1c2e", battery: dict[str, Any] | None = None,
-             **kw: Any) -> FakePhone:
+def oneplus8(
+    root: Path, serial: str = "8a3f1c2e", battery: dict[str, Any] | None = None, **kw: Any
+) -> FakePhone:
     """OnePlus 8 (Snapdragon 865, Adreno 650, KGSL), Qualcomm fuel gauge by default."""
     make_oneplus8_kgsl(root)
     props = {
@@ -31,13 +32,18 @@ def oneplus8(root: Path, serial: str = "8a3f1c2e", battery: dict[str, Any] | Non
     }
     kw.setdefault("kernel_release", "4.19.157-perf+")
     return FakePhone(
-        serial, root, props=props, battery=BatteryModel(**(battery or QUALCOMM_BATTERY)),
-        gpu_freq_path="/sys/class/kgsl/kgsl-3d0/gpuclk", **kw,
+        serial,
+        root,
+        props=props,
+        battery=BatteryModel(**(battery or QUALCOMM_BATTERY)),
+        gpu_freq_path="/sys/class/kgsl/kgsl-3d0/gpuclk",
+        **kw,
     )
 
 
-def pixel_mali(root: Path, serial: str = "1A2B3C4D5E", battery: dict[str, Any] | None = None,
-               **kw: Any) -> FakePhone:
+def pixel_mali(
+    root: Path, serial: str = "1A2B3C4D5E", battery: dict[str, Any] | None = None, **kw: Any
+) -> FakePhone:
     """A Pixel whose GPU is a Mali behind devfreq. The tree is fakesysfs's Exynos
     Mali-G76 node (``18500000.mali``); a real Pixel 6's Mali-G78 has another table, so
     only the code path, not the figures, stands for a Pixel."""
@@ -55,6 +61,10 @@ def pixel_mali(root: Path, serial: str = "1A2B3C4D5E", battery: dict[str, Any] |
     }
     kw.setdefault("kernel_release", "5.10.157-android13-4-00001-g5c6f2f7b5c1e-ab9652817")
     return FakePhone(
-        serial, root, props=props, battery=BatteryModel(**(battery or LINUX_ABI_BATTERY)),
-        gpu_freq_path="/sys/class/devfreq/18500000.mali/cur_freq", **kw,
+        serial,
+        root,
+        props=props,
+        battery=BatteryModel(**(battery or LINUX_ABI_BATTERY)),
+        gpu_freq_path="/sys/class/devfreq/18500000.mali/cur_freq",
+        **kw,
     )

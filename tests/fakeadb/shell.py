@@ -421,7 +421,9 @@ class Shell:
     def cmd_date(self, a: list[str], io: _IO) -> int:
         ns = self.phone.now_ns()
         if a and a[0].startswith("+"):
-            io.out(a[0][1:].replace("%s", str(ns // 10**9)).replace("%N", f"{ns % 10**9:09d}") + "\n")
+            io.out(
+                a[0][1:].replace("%s", str(ns // 10**9)).replace("%N", f"{ns % 10**9:09d}") + "\n"
+            )
         else:
             io.out(time.strftime("%a %b %d %H:%M:%S UTC %Y\n", time.gmtime(ns / 1e9)))
         return 0

@@ -213,9 +213,7 @@ class Parser:
                     self.pos += 1
                 if self.pos >= len(self.toks):
                     raise Incomplete
-            elif kind == "op" and val in (";", "\n"):
-                joiner = ";"
-            elif background:
+            elif (kind == "op" and val in (";", "\n")) or background:
                 joiner = ";"
             elif self._peek_kw() in stop:
                 break

@@ -49,8 +49,10 @@ def find_runner() -> Callable[..., Any]:
             raise
         module = None
     run_bench = getattr(module, "run_bench", None)
-    ready = " The phone device and battery meter are ready for it: " \
+    ready = (
+        " The phone device and battery meter are ready for it: "
         "turboinfer_llama.android.bench.phone_rig(); `turboinfer android probe` works."
+    )
     if run_bench is None:
         raise RunnerMissing(
             f"the benchmark runner ({RUNNER}.run_bench) is not in this build, so "
@@ -67,8 +69,13 @@ def find_runner() -> Callable[..., Any]:
 
 
 @contextmanager
-def phone_rig(serial: str | None = None, *, settings: AdbSettings | None = None,
-              force_charging: bool = False, recalibrate: bool = False) -> Iterator[PhoneRig]:
+def phone_rig(
+    serial: str | None = None,
+    *,
+    settings: AdbSettings | None = None,
+    force_charging: bool = False,
+    recalibrate: bool = False,
+) -> Iterator[PhoneRig]:
     """Open the phone's GPU and battery meter; always restore and stop sampling."""
     settings = settings or AdbSettings()
     link = AdbLink(serial, settings)
@@ -88,8 +95,13 @@ def phone_rig(serial: str | None = None, *, settings: AdbSettings | None = None,
         device.close()
 
 
-def run(serial: str | None, options: dict[str, Any], *, force_charging: bool = False,
-        settings: AdbSettings | None = None) -> Any:
+def run(
+    serial: str | None,
+    options: dict[str, Any],
+    *,
+    force_charging: bool = False,
+    settings: AdbSettings | None = None,
+) -> Any:
     """Run the project's benchmark with the phone as device and meter."""
     run_bench = find_runner()
     with phone_rig(serial, settings=settings, force_charging=force_charging) as rig:

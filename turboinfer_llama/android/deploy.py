@@ -82,8 +82,14 @@ def deploy(link: AdbLink, ko: Path, target: str | None = None) -> DeployReport:
         if not r.ok and "File exists" in r.out:
             report.steps.append("turboinfer was already loaded (rmmod turboinfer to reload it)")
         elif not r.ok:
-            raise DeployError(_explain(r.out.strip(), session.run("dmesg").out,
-                                       session.run("getenforce").out.strip(), target))
+            raise DeployError(
+                _explain(
+                    r.out.strip(),
+                    session.run("dmesg").out,
+                    session.run("getenforce").out.strip(),
+                    target,
+                )
+            )
         else:
             report.steps.append(f"insmod {remote} target={target}")
         if not session.run(f"[ -e {DEVICE_NODE} ]").ok:
@@ -101,8 +107,10 @@ def _explain(err: str, dmesg: str, selinux: str, target: str) -> str:
     """Turn insmod's one-line error and the kernel log into the cause and the fix."""
     log = [ln for ln in dmesg.splitlines() if "turboinfer" in ln or "avc:" in ln][-5:]
     evidence = ("; kernel log: " + " | ".join(ln.strip() for ln in log)) if log else ""
-    if "Exec format error" in err or "Invalid module format" in err or any(
-        "version magic" in ln or "disagrees about version" in ln for ln in log
+    if (
+        "Exec format error" in err
+        or "Invalid module format" in err
+        or any("version magic" in ln or "disagrees about version" in ln for ln in log)
     ):
         return (
             f"vermagic/symbol mismatch: the kernel refused the module ({err}). Rebuild "

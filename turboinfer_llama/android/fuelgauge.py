@@ -10,6 +10,7 @@ report mA, negative. We decide per phone from an idle-vs-load sample and persist
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shlex
@@ -107,14 +108,16 @@ class PhoneSampler:
     """A loop on the phone printing ``S``, the phone's clock in ns, current, voltage and
     status every ``period_s``; a host thread collects the samples."""
 
-    def __init__(self, link: AdbLink, period_s: float, directory: str = BATTERY_DIR,
-                 as_root: bool = False) -> None:
+    def __init__(
+        self, link: AdbLink, period_s: float, directory: str = BATTERY_DIR, as_root: bool = False
+    ) -> None:
         self.link = link
         self.period_s = period_s
         files = battery_files(link, directory)
         root_cmd = link.root_access().session_command if as_root else None
-        self._conn: Any = link.open_service(f"shell,v2,raw:{root_cmd or ''}",
-                                            link.settings.timeout_s)
+        self._conn: Any = link.open_service(
+            f"shell,v2,raw:{root_cmd or ''}", link.settings.timeout_s
+        )
         cat = " ".join(shlex.quote(files[n]) for n in ("current_now", "voltage_now", "status"))
         loop = f"while :; do echo S; date +%s%N; cat {cat}; sleep {period_s:g}; done\n"
         self._sock = self._conn.conn
@@ -213,10 +216,8 @@ class PhoneSampler:
         if self._stopped:
             return
         self._stopped = True
-        try:
+        with contextlib.suppress(OSError):
             self._conn.close()
-        except OSError:
-            pass
         self._thread.join(2)
 
 
@@ -252,7 +253,9 @@ def decide(serial: str, idle: list[Sample], load: list[Sample]) -> CalibrationRe
     elif 1000 <= voltage <= 10_000:
         vunit = "mV"
     else:
-        raise DeviceError(f"{serial}: voltage_now={voltage:g} is neither µV nor mV of a Li-ion cell")
+        raise DeviceError(
+            f"{serial}: voltage_now={voltage:g} is neither µV nor mV of a Li-ion cell"
+        )
     return CalibrationRecord(serial, sign, unit, vunit, idle_raw, load_raw, status, method)
 
 
@@ -279,8 +282,14 @@ def save_calibration(record: CalibrationRecord, settings: AdbSettings) -> Path:
     return path
 
 
-def calibrate(link: AdbLink, *, seconds: float = 1.0, load_jobs: int = 2,
-              force: bool = False, settings: AdbSettings | None = None) -> CalibrationRecord:
+def calibrate(
+    link: AdbLink,
+    *,
+    seconds: float = 1.0,
+    load_jobs: int = 2,
+    force: bool = False,
+    settings: AdbSettings | None = None,
+) -> CalibrationRecord:
     """Sample idle for ``seconds``, then with ``load_jobs`` busy loops (``yes``) on the
     phone's CPUs for ``seconds``; decide and persist the convention."""
     settings = settings or link.settings
@@ -322,8 +331,14 @@ class BatteryEnergyMeter:
     samples that fall inside the window (phone timestamps, moved onto the host clock).
     """
 
-    def __init__(self, link: AdbLink, calibration: CalibrationRecord, *,
-                 period_s: float | None = None, force_charging: bool = False) -> None:
+    def __init__(
+        self,
+        link: AdbLink,
+        calibration: CalibrationRecord,
+        *,
+        period_s: float | None = None,
+        force_charging: bool = False,
+    ) -> None:
         self.link = link
         self.record = calibration
         self.cal = calibration.calibration()
@@ -364,8 +379,10 @@ class BatteryEnergyMeter:
         t0 = self._windows.pop(name)
         t1 = now_ns()
         # One sample past the end, so the window's tail is covered.
-        self.sampler.wait_for(len(self.sampler.snapshot()) + 1,
-                              self.sampler.period_s * 3 + self.link.settings.timeout_s)
+        self.sampler.wait_for(
+            len(self.sampler.snapshot()) + 1,
+            self.sampler.period_s * 3 + self.link.settings.timeout_s,
+        )
         offset = self.sampler.phone_offset_ns()
         points = [(s.phone_ns + offset, self.power_w(s), s) for s in self.sampler.snapshot()]
         inside = [p for p in points if t0 <= p[0] <= t1]

@@ -9,6 +9,7 @@ instead of a hang.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import socket
@@ -116,8 +117,10 @@ class ShellSession:
                 self._send(STDIN, f"{cmd}\nprintf '\\n{marker} %d\\n' $?\n".encode())
                 out, rc = self._read_until(marker.encode())
             except (DeviceError, OSError, EOFError) as e:
-                self._dead = str(e) if isinstance(e, DeviceGone) else (
-                    f"{self.serial}: adb shell session lost ({e})"
+                self._dead = (
+                    str(e)
+                    if isinstance(e, DeviceGone)
+                    else (f"{self.serial}: adb shell session lost ({e})")
                 )
                 self._close_conn()
                 raise DeviceGone(self._dead) from e
@@ -132,10 +135,8 @@ class ShellSession:
     def close(self) -> None:
         with self._lock:
             if self._dead is None:
-                try:
+                with contextlib.suppress(OSError):
                     self._send(CLOSE_STDIN, b"")
-                except OSError:
-                    pass
                 self._dead = f"{self.serial}: shell session closed"
             self._close_conn()
 
@@ -148,14 +149,15 @@ class ShellSession:
         while len(buf) < n:
             try:
                 chunk = self._conn.conn.recv(n - len(buf))
-            except (TimeoutError, socket.timeout) as e:
+            except TimeoutError as e:
                 raise DeviceGone(
                     f"{self.serial}: no answer from the phone within {self.timeout_s:g} s; "
                     "is the cable in and the screen unlocked?"
                 ) from e
             if not chunk:
-                raise DeviceGone(f"{self.serial}: adb connection closed (phone unplugged "
-                                 "or adb server stopped)")
+                raise DeviceGone(
+                    f"{self.serial}: adb connection closed (phone unplugged or adb server stopped)"
+                )
             buf += chunk
         return buf
 
@@ -180,10 +182,8 @@ class ShellSession:
     def _close_conn(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(OSError):
                 conn.close()
-            except OSError:
-                pass
 
 
 class AdbLink:
@@ -218,7 +218,7 @@ class AdbLink:
     def _pick(self, serial: str | None) -> str:
         try:
             infos = self.client.list()
-        except Exception as e:  # noqa: BLE001 - any adb failure is mapped below
+        except Exception as e:
             raise _adb_errors(f"adb server {self.host}:{self.port}", "listing devices", e) from e
         ready = [i.serial for i in infos if i.state == "device"]
         others = {i.serial: i.state for i in infos if i.state != "device"}
@@ -228,8 +228,9 @@ class AdbLink:
             if serial in others:
                 raise PermissionDenied(
                     f"phone {serial} is '{others[serial]}': unlock it and accept the USB "
-                    "debugging prompt" if others[serial] == "unauthorized" else
-                    f"phone {serial} is '{others[serial]}', not ready"
+                    "debugging prompt"
+                    if others[serial] == "unauthorized"
+                    else f"phone {serial} is '{others[serial]}', not ready"
                 )
             raise DeviceNotFound(
                 f"no phone {serial!r} on adb at {self.host}:{self.port} "
@@ -255,7 +256,7 @@ class AdbLink:
             conn = self.device.open_transport(timeout=timeout_s)
             conn.send_command(service)
             conn.check_okay()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise _adb_errors(self.serial, f"opening {service.split(':')[0]}", e) from e
         return conn
 
@@ -265,7 +266,7 @@ class AdbLink:
         self._check_server()
         try:
             r = self.device.shell2(cmd, timeout=timeout_s or self.settings.timeout_s, v2=True)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise _adb_errors(self.serial, f"running {cmd.split()[0]!r}", e) from e
         return ShellResult(r.returncode, r.output)
 
@@ -274,7 +275,7 @@ class AdbLink:
         try:
             src = io.BytesIO(data) if isinstance(data, bytes) else Path(data)
             return int(self.device.sync.push(src, remote, mode=0o644))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise _adb_errors(self.serial, f"pushing to {remote}", e) from e
 
     def getprop(self, name: str) -> str:

@@ -17,8 +17,13 @@ log = logging.getLogger(__name__)
 
 def _props(link: AdbLink) -> dict[str, str]:
     names = (
-        "ro.product.manufacturer", "ro.product.model", "ro.product.device",
-        "ro.soc.manufacturer", "ro.soc.model", "ro.board.platform", "ro.hardware",
+        "ro.product.manufacturer",
+        "ro.product.model",
+        "ro.product.device",
+        "ro.soc.manufacturer",
+        "ro.soc.model",
+        "ro.board.platform",
+        "ro.hardware",
         "ro.build.version.release",
     )
     r = link.run("; ".join(f"getprop {n}" for n in names))
@@ -46,9 +51,12 @@ def battery(link: AdbLink, settings: AdbSettings, calibrate: bool) -> dict[str, 
     except DeviceError as e:
         return {"error": str(e)}
     r = link.run("cat " + " ".join(files[n] for n in ("current_now", "voltage_now", "status")))
-    current, voltage, status = (r.out.split("\n") + ["", "", ""])[:3]
-    out: dict[str, Any] = {"current_now": current.strip(), "voltage_now": voltage.strip(),
-                           "status": status.strip()}
+    current, voltage, status = [*r.out.split("\n"), "", "", ""][:3]
+    out: dict[str, Any] = {
+        "current_now": current.strip(),
+        "voltage_now": voltage.strip(),
+        "status": status.strip(),
+    }
     record = fuelgauge.load_calibration(link.serial, settings)
     if record is not None:
         out["convention"] = record.describe() + " [saved]"
@@ -65,8 +73,9 @@ def battery(link: AdbLink, settings: AdbSettings, calibrate: bool) -> dict[str, 
     return out
 
 
-def probe(serial: str | None = None, *, settings: AdbSettings | None = None,
-          calibrate: bool = True) -> dict[str, Any]:
+def probe(
+    serial: str | None = None, *, settings: AdbSettings | None = None, calibrate: bool = True
+) -> dict[str, Any]:
     settings = settings or AdbSettings()
     link = AdbLink(serial, settings)
     props = _props(link)
@@ -74,9 +83,9 @@ def probe(serial: str | None = None, *, settings: AdbSettings | None = None,
     info: dict[str, Any] = {
         "serial": link.serial,
         "model": f"{props['ro.product.manufacturer']} {props['ro.product.model']}".strip(),
-        "soc": " ".join(
-            v for v in (props["ro.soc.manufacturer"], props["ro.soc.model"]) if v
-        ) or props["ro.board.platform"] or props["ro.hardware"],
+        "soc": " ".join(v for v in (props["ro.soc.manufacturer"], props["ro.soc.model"]) if v)
+        or props["ro.board.platform"]
+        or props["ro.hardware"],
         "android": props["ro.build.version.release"],
         "kernel": link.run("uname -r").out.strip(),
         "root": access.detail,

@@ -19,17 +19,24 @@ def _examples_dir() -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("android", help="probe, deploy to and benchmark an Android phone over adb")
+    p = subparsers.add_parser(
+        "android", help="probe, deploy to and benchmark an Android phone over adb"
+    )
     sub = p.add_subparsers(dest="android_command", metavar="ACTION", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--serial", help="phone serial (see `adb devices`); default: the only phone")
+        sp.add_argument(
+            "--serial", help="phone serial (see `adb devices`); default: the only phone"
+        )
 
     sp = sub.add_parser("probe", help="what the phone's GPU, kernel and battery expose")
     common(sp)
     sp.add_argument("--json", action="store_true", help="print JSON")
-    sp.add_argument("--no-calibrate", action="store_true",
-                    help="do not run the short idle-vs-load battery calibration")
+    sp.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="do not run the short idle-vs-load battery calibration",
+    )
     sp.set_defaults(func=_probe)
 
     sp = sub.add_parser("deploy", help="push turboinfer.ko and insmod it with target=<GPU devfreq>")
@@ -44,12 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sp.add_argument("--force-charging", action="store_true", help="calibrate even while charging")
     sp.set_defaults(func=_calibrate)
 
-    sp = sub.add_parser("bench", help="benchmark with the phone's GPU and battery (runner required)")
+    sp = sub.add_parser(
+        "bench", help="benchmark with the phone's GPU and battery (runner required)"
+    )
     common(sp)
     sp.add_argument("--model", help="GGUF model path, passed to the runner")
     sp.add_argument("--controller", help="controller spec, passed to the runner")
-    sp.add_argument("--force-charging", action="store_true",
-                    help="report energy even while the phone charges (numbers are then wrong)")
+    sp.add_argument(
+        "--force-charging",
+        action="store_true",
+        help="report energy even while the phone charges (numbers are then wrong)",
+    )
     sp.set_defaults(func=_bench)
 
     sp = sub.add_parser("restore", help="put back GPU settings left pinned by a lost connection")
@@ -58,8 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     sp = sub.add_parser("push-run", help="run turboinfer on the phone itself (Termux): how-to")
     common(sp)
-    sp.add_argument("--push", action="store_true",
-                    help=f"copy the Termux helper script to {PUSH_RUN_REMOTE}")
+    sp.add_argument(
+        "--push", action="store_true", help=f"copy the Termux helper script to {PUSH_RUN_REMOTE}"
+    )
     sp.set_defaults(func=_push_run)
 
 
@@ -95,8 +108,10 @@ def _deploy(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     for step in report.steps:
         print(f"  {step}")
-    print(f"turboinfer loaded on {report.serial}, attached to {report.target}; "
-          f"use --device kmod on the phone (Termux) or adb:{report.serial} from here")
+    print(
+        f"turboinfer loaded on {report.serial}, attached to {report.target}; "
+        f"use --device kmod on the phone (Termux) or adb:{report.serial} from here"
+    )
     return 0
 
 
@@ -108,8 +123,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     settings = _settings()
     try:
         link = AdbLink(args.serial, settings)
-        record = fuelgauge.calibrate(link, seconds=args.seconds, force=args.force_charging,
-                                     settings=settings)
+        record = fuelgauge.calibrate(
+            link, seconds=args.seconds, force=args.force_charging, settings=settings
+        )
     except DeviceError as e:
         raise CliError(str(e)) from e
     print(f"{link.serial}: {record.describe()}; saved in {settings.state_dir}")
@@ -149,8 +165,10 @@ def _restore(args: argparse.Namespace) -> int:
     except DeviceError as e:
         raise CliError(str(e)) from e
     path.unlink()
-    print(f"{link.serial}: GPU restored to governor {state.governor}, "
-          f"{state.min_hz / 1e6:g}-{state.max_hz / 1e6:g} MHz")
+    print(
+        f"{link.serial}: GPU restored to governor {state.governor}, "
+        f"{state.min_hz / 1e6:g}-{state.max_hz / 1e6:g} MHz"
+    )
     return 0
 
 
@@ -158,7 +176,9 @@ def _push_run(args: argparse.Namespace) -> int:
     readme = _examples_dir() / "README.md"
     script = _examples_dir() / "termux-run.sh"
     if not readme.exists() or not script.exists():
-        raise CliError(f"the Termux guide is missing from {_examples_dir()} (source checkout needed)")
+        raise CliError(
+            f"the Termux guide is missing from {_examples_dir()} (source checkout needed)"
+        )
     text = readme.read_text()
     start = text.find("## On the phone (Termux)")
     print(text[start:] if start >= 0 else text)
@@ -171,6 +191,8 @@ def _push_run(args: argparse.Namespace) -> int:
             link.push(script, PUSH_RUN_REMOTE)
         except DeviceError as e:
             raise CliError(str(e)) from e
-        print(f"pushed {script.name} to {link.serial}:{PUSH_RUN_REMOTE}; in Termux run: "
-              f"sh {PUSH_RUN_REMOTE} --help")
+        print(
+            f"pushed {script.name} to {link.serial}:{PUSH_RUN_REMOTE}; in Termux run: "
+            f"sh {PUSH_RUN_REMOTE} --help"
+        )
     return 0

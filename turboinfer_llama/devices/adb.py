@@ -23,7 +23,6 @@ from .._clock import now_ns
 from ..android.link import NO_ROOT_ADVICE, AdbLink, RootAccess, ShellSession
 from ..android.settings import AdbSettings
 from .base import (
-    Capabilities,
     Counters,
     DeviceError,
     DeviceNotFound,
