@@ -181,6 +181,7 @@ def test_tiny_ring_overflows_without_harm(model: ctypes.c_void_p, plain: Run, na
         overflow = hook.overflow
     finally:
         hook.close()
+    assert hook.overflow == overflow  # still readable after close
     assert tiny.tokens == plain.tokens
     produced = [len(events) for _, _, _, events in full.steps]
     kept = [len(events) for _, _, _, events in tiny.steps]

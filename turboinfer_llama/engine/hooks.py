@@ -299,6 +299,7 @@ class NativeHook:
         self.granularity = granularity
         self._lib = lib
         self._handle: int | None = handle.value
+        self._overflow_at_close = 0
         self._lock = threading.Lock()  # one consumer at a time; close waits for drain
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._decoder = _Decoder(self._shape_from_key)
@@ -350,7 +351,9 @@ class NativeHook:
     @property
     def overflow(self) -> int:
         with self._lock:
-            return 0 if self._handle is None else int(self._lib.ti_hook_overflow(self._handle))
+            if self._handle is None:
+                return self._overflow_at_close
+            return int(self._lib.ti_hook_overflow(self._handle))
 
     def disable(self) -> None:
         with self._lock:
@@ -362,6 +365,7 @@ class NativeHook:
             if self._handle is None:
                 return
             self._lib.ti_hook_disable(self._handle)
+            self._overflow_at_close = int(self._lib.ti_hook_overflow(self._handle))
             self._lib.ti_hook_destroy(self._handle)
             self._handle = None
             self.user_data = ctypes.c_void_p(None)
