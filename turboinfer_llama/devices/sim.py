@@ -84,8 +84,8 @@ class SimProfile:
     tz_floor_ns: int
     tz_min_busy_ns: int
     tz_ceiling_ns: int
-    tz_up_busy_fraction: float
-    tz_down_busy_fraction: float
+    tz_ramp_up_idle_ns: int
+    tz_laziness: int
     ondemand_up_threshold: int
     ondemand_down_differential: int
     ondemand_polling_ns: int
@@ -258,6 +258,8 @@ class SimGpu:
         self.intervals: list[tuple[int, int, int, str, str, float]] = []
         self._window = _Window(self._t, 0)
         self._tz_last_call_ns: int | None = None
+        self._tz_lazy = p.tz_laziness
+        self.governor_decisions = 0
         self._next_poll_ns: int | None = None
         self._governor: str | None = None
         self.governor = p.default_governor if governor == "default" else governor
@@ -420,6 +422,7 @@ class SimGpu:
             self._governor = name
             self._reset_window()
             self._tz_last_call_ns = None
+            self._tz_lazy = self.profile.tz_laziness
             self._next_poll_ns = (
                 self._t + self.profile.ondemand_polling_ns if name == "simple_ondemand" else None
             )
@@ -562,7 +565,9 @@ class SimGpu:
     def _tz_notify(self) -> None:
         """msm-adreno-tz on a KGSL retire/idle notification (governor_msm_adreno_tz.c:
         throttled to one call per interval; needs FLOOR window and MIN_BUSY busy;
-        busy above CEILING jumps to the top; otherwise TrustZone steps one level)."""
+        busy above CEILING jumps to the top). TrustZone's own step is closed source:
+        modelled as simple_gpu_algorithm does, up one level when the window's idle time
+        is under a threshold, down one level after ``tz_laziness`` calls that were not."""
         if self._governor != "msm-adreno-tz":
             return
         p = self.profile
@@ -574,13 +579,19 @@ class SimGpu:
         if total == 0 or total < p.tz_floor_ns or busy < p.tz_min_busy_ns:
             return
         self._reset_window()
+        self.governor_decisions += 1
+        top = len(self._levels) - 1
         i = self._levels.index(self._hz)
         if busy > p.tz_ceiling_ns:
-            i = len(self._levels) - 1
-        elif busy > p.tz_up_busy_fraction * total:
-            i = min(i + 1, len(self._levels) - 1)
-        elif busy < p.tz_down_busy_fraction * total:
-            i = max(i - 1, 0)
+            i = top
+        elif total - busy < p.tz_ramp_up_idle_ns:
+            i = min(i + 1, top)
+            self._tz_lazy = p.tz_laziness
+        else:
+            self._tz_lazy -= 1
+            if self._tz_lazy <= 0:
+                i = max(i - 1, 0)
+                self._tz_lazy = p.tz_laziness
         self._governor_request(self._levels[i])
 
     def _ondemand_poll(self) -> None:
@@ -589,6 +600,7 @@ class SimGpu:
         p = self.profile
         total, busy = self._window_stats()
         self._reset_window()
+        self.governor_decisions += 1
         up, down = p.ondemand_up_threshold, p.ondemand_down_differential
         top = self._levels[-1]
         if total == 0 or busy * 100 > total * up:
