@@ -19,16 +19,16 @@ import numpy as np
 @dataclass(frozen=True)
 class ShadowParams:
     """Governor rules. Defaults: governor_msm_adreno_tz.c / governor_simple_ondemand.c
-    values from BRIEF.md; the tz up/down busy fractions are assumptions (TrustZone's
-    step is closed source) shared with the simulator profile."""
+    values from BRIEF.md; the tz ramp-up idle threshold and laziness are assumptions
+    (TrustZone's step is closed source) shared with the simulator profile."""
 
     governor: str | None = "msm-adreno-tz"
     tz_call_interval_ns: int = 10_000_000
     tz_floor_ns: int = 5_000_000
     tz_min_busy_ns: int = 1_000_000
     tz_ceiling_ns: int = 50_000_000
-    tz_up: float = 0.75
-    tz_down: float = 0.4
+    tz_ramp_up_idle_ns: int = 6_000_000
+    tz_laziness: int = 5
     ondemand_up: int = 90
     ondemand_down: int = 5
     ondemand_polling_ns: int = 50_000_000
@@ -47,8 +47,8 @@ class ShadowParams:
             tz_floor_ns=p.tz_floor_ns,
             tz_min_busy_ns=p.tz_min_busy_ns,
             tz_ceiling_ns=p.tz_ceiling_ns,
-            tz_up=p.tz_up_busy_fraction,
-            tz_down=p.tz_down_busy_fraction,
+            tz_ramp_up_idle_ns=p.tz_ramp_up_idle_ns,
+            tz_laziness=p.tz_laziness,
             ondemand_up=p.ondemand_up_threshold,
             ondemand_down=p.ondemand_down_differential,
             ondemand_polling_ns=p.ondemand_polling_ns,
@@ -75,6 +75,8 @@ class DefaultShadow:
         self._win_busy = 0.0
         self._last_call = -1e30
         self._next_poll = float(params.ondemand_polling_ns)
+        self._lazy = params.tz_laziness
+        self._lazy = params.tz_laziness
 
     def _advance(self, dt: float, busy_rate: float) -> None:
         self.elapsed_ns += dt
@@ -108,10 +110,14 @@ class DefaultShadow:
         self._win_t = self._win_busy = 0.0
         if busy > p.tz_ceiling_ns:
             self.level = top
-        elif busy > p.tz_up * total:
+        elif total - busy < p.tz_ramp_up_idle_ns:
             self.level = min(self.level + 1, top)
-        elif busy < p.tz_down * total:
-            self.level = max(self.level - 1, 0)
+            self._lazy = p.tz_laziness
+        else:
+            self._lazy -= 1
+            if self._lazy <= 0:
+                self.level = max(self.level - 1, 0)
+                self._lazy = p.tz_laziness
 
     def run_stall(self, dur_ns: float) -> None:
         """msm-adreno-tz is called on KGSL idle/retire notifications, so only at the
