@@ -155,8 +155,9 @@ class AdbGpu:
         access = link.root_access()
         notes = [
             *inner.capabilities.notes,
-            f"host-driven over adb: each change costs a USB round-trip (median "
-            f"{median / 1e6:.2f} ms), so control is coarse and token-level, not per kernel",
+            f"host-driven over adb: each change takes a few USB round-trips (median "
+            f"{median / 1e6:.2f} ms per change), so control is coarse and token-level, "
+            "not per kernel",
             "no PMU over adb: KGSL perfcounter ioctls cannot travel over adb",
             f"root: {access.detail}",
         ]
