@@ -354,7 +354,7 @@ class SimGpu:
                 if self._t + need <= nxt:
                     self._account(round(need), "busy", phase)
                     break
-                dt = nxt - self._t
+                dt = int(nxt) - self._t
                 self._account(dt, "busy", phase)
                 remaining -= dt / full_ns
                 self._fire_due()
