@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from .engine.events import EventKind
 from .engine.hooks import EvalHook, make_hook
+from .live import attach
 from .session import PowerSession
 from .settings import PowerSettings
 
@@ -83,14 +84,17 @@ class Llama(llama_cpp.Llama):
             super().__init__(*args, **kwargs)
             return
         settings = _settings(power)
+        live = attach(settings)  # a bad device spec fails here, before the model loads
         hook = make_hook(settings.granularity, settings.ring_capacity, native=settings.native_hooks)
         try:
             with _eval_callback_in_context_params(hook):
                 super().__init__(*args, **kwargs)
         except BaseException:
             hook.disable()
+            if live is not None:
+                live.close()
             raise
-        self.power = PowerSession(settings, hook)
+        self.power = PowerSession(settings, hook, live)
         # The ExitStack unwinds in reverse: this runs before the context is freed.
         self._stack.callback(self.power.detach)
 

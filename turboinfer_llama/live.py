@@ -1,0 +1,196 @@
+"""Live wiring: a PowerSession's device and controller.
+
+Two modes, chosen by the device:
+
+* **Simulated device** (the default, ``sim:<profile>``). There is no GPU to drive in
+  real time, so the session queues the segments the engine produced and, when figures
+  are asked for (``stats()``, ``energy()``), replays the completed requests through
+  the controller on the simulator in virtual time — the same code path as
+  ``turboinfer bench`` — and, in parallel, through the default governor on a shadow
+  simulator, for "energy saved vs default". Nothing of this runs on the decode path.
+  All its figures are simulated.
+* **Real device** (kgsl, devfreq, kmod, adb). The controller runs in the producer's
+  context through ``control.governor.Governor`` at the engine's Python event boundaries
+  (decode begin/end, sample, token), and applies frequencies through the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+from .control.factory import for_device, make_controller
+from .control.replay import replay
+from .devices import open_device
+from .devices.base import DeviceError, GpuDevice
+from .engine.events import Event, StallKind
+from .engine.segments import Segment
+from .settings import PowerSettings
+
+log = logging.getLogger("turboinfer_llama")
+
+RECENT_REQUESTS = 32
+
+
+class SimulatedAccount:
+    """Controller + simulator in virtual time, fed with completed requests."""
+
+    def __init__(self, settings: PowerSettings, device: Any) -> None:
+        self.device = device
+        self.shadow = open_device(device.name)
+        self.controller = make_controller(
+            settings.controller, **for_device(device), latency_slack=settings.latency_slack
+        )
+        self.baseline = make_controller("default", **for_device(self.shadow))
+        self._lock = threading.Lock()
+        self._pending: list[Segment] = []
+        self._ready: list[Segment] = []
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
+        self.tokens = 0
+        self.requests = 0
+        self.switches = 0
+        self.virtual_s = 0.0
+        self.decision_us: deque[float] = deque(maxlen=4096)
+        self.last_error: str | None = None
+        self._final: dict[str, Any] | None = None
+
+    def add(self, segments: list[Segment]) -> None:
+        with self._lock:
+            self._pending.extend(segments)
+
+    def request_done(self) -> None:
+        """Everything pending belongs to finished requests: ready to replay."""
+        with self._lock:
+            self._ready.extend(self._pending)
+            self._pending = []
+
+    def flush(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+            if not ready or not any(s.kind == "kernel" for s in ready):
+                return
+            for req in _by_request(ready):
+                e0, b0 = self.device.energy_j, self.shadow.energy_j
+                try:
+                    r = replay(req, self.controller, self.device)
+                    base = replay(req, self.baseline, self.shadow)
+                except (DeviceError, ValueError) as e:
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    log.warning("simulated accounting skipped a request: %s", e)
+                    continue
+                self.virtual_s += r.duration_s
+                self.tokens += r.tokens
+                self.requests += r.requests
+                self.switches += r.switches
+                self.decision_us.extend(r.decision_us)
+                if r.tokens:
+                    self.recent.append(
+                        {
+                            "energy_j": self.device.energy_j - e0,
+                            "default_energy_j": self.shadow.energy_j - b0,
+                            "tokens": r.tokens,
+                            "tpot_ms": r.tpot_ms,
+                            "default_tpot_ms": base.tpot_ms,
+                            "simulated": True,
+                        }
+                    )
+
+    def summary(self) -> dict[str, Any]:
+        if self._final is not None:
+            return self._final
+        self.flush()
+        d, s = self.device, self.shadow
+        t_s = self.virtual_s
+        saved = s.energy_j - d.energy_j
+        us = sorted(self.decision_us)
+        return {
+            "simulated": True,
+            "source": f"simulated {d.name} (profile data, see devices/profiles)",
+            "device": d.name,
+            "controller": getattr(self.controller, "name", "?"),
+            "current_hz": d.current_hz(),
+            "energy_j": d.energy_j,
+            "default_energy_j": s.energy_j,
+            "saved_j": saved,
+            "saving_fraction": saved / s.energy_j if s.energy_j else None,
+            "virtual_time_s": t_s,
+            "avg_power_w": d.energy_j / t_s if t_s > 0 else None,
+            "by_phase_j": dict(d.energy_by_phase_j),
+            "tokens": self.tokens,
+            "energy_per_token_j": d.energy_j / self.tokens if self.tokens else None,
+            "switches": self.switches,
+            "decision_us_median": us[len(us) // 2] if us else None,
+            "recent_requests": list(self.recent),
+            "health": {"ok": self.last_error is None, "last_error": self.last_error},
+        }
+
+    def close(self) -> None:
+        """Settle the figures (kept readable afterwards), then close both simulators."""
+        if self._final is None:
+            self.request_done()
+            self._final = self.summary()
+        self.device.close()
+        self.shadow.close()
+
+
+def _by_request(segments: list[Segment]) -> list[list[Segment]]:
+    """Split at idle stalls; each part keeps its leading idle gap."""
+    parts: list[list[Segment]] = [[]]
+    for s in segments:
+        if s.stall is StallKind.IDLE and parts[-1]:
+            parts.append([])
+        parts[-1].append(s)
+    return [p for p in parts if any(s.kind == "kernel" for s in p)]
+
+
+class RealDeviceControl:
+    """The controller acting on real hardware at event boundaries."""
+
+    def __init__(self, settings: PowerSettings, device: GpuDevice) -> None:
+        from .control.governor import Governor
+
+        self.device = device
+        controller = make_controller(
+            settings.controller, **for_device(device), latency_slack=settings.latency_slack
+        )
+        self.governor = Governor(controller, device)
+
+    def on_event(self, event: Event) -> None:
+        self.governor.on_event(event)
+
+    def summary(self) -> dict[str, Any]:
+        d = self.device
+        out: dict[str, Any] = {
+            "simulated": False,
+            "device": d.name,
+            "controller": getattr(self.governor.controller, "name", "?"),
+            "health": self.governor.health(),
+        }
+        try:
+            out["current_hz"] = d.current_hz()
+        except DeviceError as e:
+            out["current_hz"] = None
+            out["health"] = {**out["health"], "last_error": str(e)}
+        return out
+
+    def close(self) -> None:
+        try:
+            self.governor.close()
+        finally:
+            self.device.close()
+
+
+def attach(settings: PowerSettings) -> SimulatedAccount | RealDeviceControl | None:
+    """Open the configured device and controller; None when observing only."""
+    if settings.controller == "none":
+        return None
+    device = open_device(settings.device)
+    try:
+        if device.capabilities.simulated:
+            return SimulatedAccount(settings, device)
+        return RealDeviceControl(settings, device)
+    except BaseException:
+        device.close()
+        raise
