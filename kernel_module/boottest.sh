@@ -3,7 +3,8 @@
 # Boot test for turboinfer.ko: build the module against Debian's current
 # linux-headers-amd64, fetch the matching linux-image (apt-get download, unpacked
 # with dpkg-deb -x, never installed), pack a busybox-static initramfs that loads
-# simple_ondemand and turboinfer.ko virtual=1, runs test/ti_boottest and powers off,
+# simple_ondemand and turboinfer.ko virtual=1, runs test/ti_boottest, then attaches
+# turboinfer.ko target=mali to the stand-in GPU driver test/ti_fakegpu.ko, powers off,
 # boot it under qemu TCG with a timeout, and grep the verdict (qemu exits 0 even
 # when the guest fails). Exit 0 only on "TURBOINFER-BOOTTEST: PASS".
 #
@@ -31,6 +32,12 @@ abi=$(sh "$here/build-debian.sh" | tail -n1)
 ver=$(dpkg-query -W -f='${Version}' "linux-headers-$abi")
 ko=$work/build-$abi/turboinfer.ko
 echo "boottest: kernel ABI $abi ($ver), module $ko"
+
+# The stand-in GPU driver for the target= attach path (test only).
+fake_build=$work/build-test-$abi
+mkdir -p "$fake_build"
+cp "$here/test/Kbuild" "$here/test/ti_fakegpu.c" "$fake_build/"
+make -s -C "/usr/src/linux-headers-$abi" M="$fake_build" modules >&2
 
 # The matching kernel image, same ABI and version as the headers.
 img=$work/img/$abi
@@ -79,6 +86,7 @@ gcc -static -O2 -Wall -Wextra -Werror -o "$boot/initramfs/ti_boottest" \
 cp "$(command -v busybox)" "$boot/initramfs/bin/busybox"
 cp "$gov" "$boot/initramfs/governor_simpleondemand.ko"
 cp "$ko" "$boot/initramfs/turboinfer.ko"
+cp "$fake_build/ti_fakegpu.ko" "$boot/initramfs/ti_fakegpu.ko"
 cp "$here/test/init.sh" "$boot/initramfs/init"
 chmod 755 "$boot/initramfs/init"
 (cd "$boot/initramfs" && find . | cpio -o -H newc --quiet | gzip -1) >"$boot/initrd.cpio.gz"
@@ -89,7 +97,7 @@ rc=0
 timeout "$timeout_s" qemu-system-x86_64 -accel tcg -nographic -no-reboot -m 512 \
 	-kernel "$vmlinuz" -initrd "$boot/initrd.cpio.gz" \
 	-append 'console=ttyS0 panic=-1 quiet loglevel=4' </dev/null >"$log" 2>&1 || rc=$?
-tr -d '\r' <"$log" | grep -E '^(TI-CHECK FAIL|TI-TIMING|TI-RUN|TURBOINFER-BOOTTEST)' || true
+tr -d '\r' <"$log" | grep -E '^(TI-CHECK FAIL|TI-TIMING|TI-RUN|TI-ATTACH|TURBOINFER-BOOTTEST)' || true
 if [ "$rc" -eq 124 ]; then
 	echo "boottest: qemu timed out after ${timeout_s}s" >&2
 fi

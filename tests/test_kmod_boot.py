@@ -1,6 +1,7 @@
 """The whole kernel-module boot test: build turboinfer.ko against Debian's current
 linux-headers-amd64, boot the matching kernel under qemu TCG with a busybox
-initramfs, run every in-guest check and rmmod (kernel_module/boottest.sh).
+initramfs, run every in-guest check and rmmod, then attach the module by name to a
+stand-in GPU driver (kernel_module/boottest.sh).
 
 Skipped only where its tools are missing; `make sysdeps` (kernel_module/install-deps.sh)
 installs them, and CI runs it.
@@ -56,6 +57,8 @@ def test_kmod_qemu_boot_passes_every_check() -> None:
     assert "TI-CHECK FAIL" not in out
     run_line = next(line for line in out.splitlines() if line.startswith("TI-RUN "))
     assert run_line.endswith("failed=0")
+    attach_line = next(line for line in out.splitlines() if line.startswith("TI-ATTACH "))
+    assert attach_line.endswith("failed=0")
     timing = next(line for line in out.splitlines() if line.startswith("TI-TIMING "))
     fields = dict(kv.split("=", 1) for kv in timing.split() if "=" in kv)
     assert int(fields["set_freq_ioctl_median_ns"]) > 0

@@ -4,7 +4,10 @@
  *
  *   ti_boottest run                  every check; prints "TI-CHECK ok|FAIL <name>"
  *                                    lines and the timing line; exits 1 on failure
- *   ti_boottest post RUN_RC RMMOD_RC after rmmod: checks it left nothing behind and
+ *   ti_boottest attach               turboinfer.ko target=mali on ti_fakegpu.ko: the
+ *                                    attach path of a real GPU driver's devfreq
+ *   ti_boottest post RUN_RC RMMOD_RC ATTACH_RC
+ *                                    after rmmod: checks it left nothing behind and
  *                                    a clean kernel log; prints the verdict line
  *
  * Built static, so the initramfs needs nothing but busybox.
@@ -111,11 +114,16 @@ static int ti_write_u64(const char *path, uint64_t v)
 	return ti_write_str(path, buf);
 }
 
+/* The devfreq node under test: the virtual GPU, or ti_fakegpu in attach mode. */
+static const char *ti_df_dir = TI_DF;
+
 static uint64_t ti_cur_freq(void)
 {
+	char path[256];
 	uint64_t v = 0;
 
-	if (ti_read_u64(TI_DF "/cur_freq", &v))
+	snprintf(path, sizeof(path), "%s/cur_freq", ti_df_dir);
+	if (ti_read_u64(path, &v))
 		return 0;
 	return v;
 }
@@ -252,6 +260,8 @@ static void ti_check_info(int fd)
 	int ret, table_ok = 1;
 	size_t i;
 
+	/* Pin first: until then the governor's first poll may move the clock under us. */
+	ti_set_freq(fd, 441600000, 0, NULL);
 	memset(&info, 0xa5, sizeof(info));
 	ret = ti_ioc(fd, TI_GET_INFO, &info);
 	ti_check(ret == 0, "get_info", "ret %d", ret);
@@ -267,7 +277,8 @@ static void ti_check_info(int fd)
 			 info.cooling_cap_hz == TI_TOP,
 		 "info_cooling", "state %u/%u cap %llu", info.cooling_state,
 		 info.max_cooling_state, (unsigned long long)info.cooling_cap_hz);
-	ti_check(info.cur_freq_hz == ti_cur_freq() && info.scaling_max_hz == TI_TOP,
+	ti_check(info.cur_freq_hz == 441600000 && ti_cur_freq() == 441600000 &&
+			 info.scaling_max_hz == TI_TOP,
 		 "info_cur_freq", "info %llu sysfs %llu scaling_max %llu",
 		 (unsigned long long)info.cur_freq_hz, (unsigned long long)ti_cur_freq(),
 		 (unsigned long long)info.scaling_max_hz);
@@ -282,6 +293,7 @@ static void ti_check_info(int fd)
 		ti_check(n > 0 && strstr(buf, "305000000") && strstr(buf, "670000000"),
 			 "sysfs_available_frequencies", "%s", buf);
 	}
+	ti_ioc(fd, TI_RELEASE, NULL);
 }
 
 static void ti_check_set_freq(int fd)
@@ -788,13 +800,80 @@ static int ti_run(void)
 	return ti_failures ? 1 : 0;
 }
 
-static int ti_post(int run_rc, int rmmod_rc)
+/* Attached to ti_fakegpu.ko's "13000000.mali" (descending table, 25% busy). */
+static int ti_attach(void)
+{
+	static const uint64_t want[] = { 325000000, 572000000, 702000000 };
+	char cdir[300], path[340];
+	struct ti_set_freq r;
+	struct ti_stats a, b;
+	struct ti_info info;
+	size_t i;
+	int fd, ret, ok = 1;
+
+	ti_df_dir = "/sys/class/devfreq/13000000.mali";
+	fd = open(TI_DEV, O_RDWR);
+	ti_check(fd >= 0, "attach_open_dev", "%s", strerror(errno));
+	if (fd < 0)
+		return 1;
+	ret = ti_ioc(fd, TI_GET_INFO, &info);
+	ti_check(ret == 0 && !strcmp(info.name, "13000000.mali") &&
+			 !(info.flags & TI_INFO_F_VIRTUAL),
+		 "attach_found_by_suffix", "ret %d name %.64s flags %#x", ret, info.name, info.flags);
+	for (i = 0; i < 3; i++)
+		ok &= info.freqs_hz[i] == want[i];
+	ti_check(info.num_freqs == 3 && ok, "attach_table_sorted_ascending", "num %u",
+		 info.num_freqs);
+	ok = 1;
+	for (i = 0; i < 3; i++) {
+		ret = ti_set_freq(fd, want[2 - i], TI_SET_FREQ_F_EXACT, &r);
+		ok &= ret == 0 && r.applied_hz == want[2 - i] && ti_cur_freq() == want[2 - i];
+	}
+	ti_check(ok, "attach_set_freq_each_level", "cur %llu", (unsigned long long)ti_cur_freq());
+	ti_check(ti_set_freq(fd, 100000000, 0, NULL) == -ERANGE, "attach_rejects_out_of_range",
+		 "");
+
+	ti_ioc(fd, TI_GET_STATS, &a);
+	usleep(20000);
+	ret = ti_ioc(fd, TI_GET_STATS, &b);
+	/* the driver reports busy 250 of 1000 in every window */
+	ti_check(ret == 0 && b.flags & TI_STATS_F_BUSY_ESTIMATED &&
+			 !(b.flags & TI_STATS_F_BUSY_SIMULATED) &&
+			 b.window_busy_ns * 100 >= b.window_total_ns * 24 &&
+			 b.window_busy_ns * 100 <= b.window_total_ns * 26,
+		 "attach_busy_estimated_from_governor_window", "flags %#x busy %llu/%llu",
+		 b.flags, (unsigned long long)b.window_busy_ns,
+		 (unsigned long long)b.window_total_ns);
+
+	ti_set_freq(fd, 702000000, 0, NULL);
+	if (ti_find_cooling(cdir, sizeof(cdir))) {
+		snprintf(path, sizeof(path), "%s/cur_state", cdir);
+		ret = ti_write_u64(path, 1);
+		ti_set_freq(fd, 702000000, 0, &r);
+		ti_check(ret == 0 && r.applied_hz == 572000000 && ti_cur_freq() == 572000000,
+			 "attach_cooling_cap", "ret %d applied %llu", ret,
+			 (unsigned long long)r.applied_hz);
+		ti_write_u64(path, 0);
+	} else {
+		ti_check(0, "attach_cooling_cap", "no turboinfer cooling device");
+	}
+	/* released: simple_ondemand at 25% busy goes to the lowest level */
+	ret = ti_ioc(fd, TI_RELEASE, NULL);
+	ti_check(ret == 0 && ti_cur_freq() == 325000000, "attach_release_to_governor",
+		 "cur %llu", (unsigned long long)ti_cur_freq());
+	close(fd);
+	printf("TI-ATTACH passed=%d failed=%d\n", ti_passes, ti_failures);
+	return ti_failures ? 1 : 0;
+}
+
+static int ti_post(int run_rc, int rmmod_rc, int attach_rc)
 {
 	char why[256] = "", cdir[300];
 	int clean = ti_dmesg_clean(why, sizeof(why));
 
 	ti_check(run_rc == 0, "run_phase_passed", "rc %d", run_rc);
 	ti_check(rmmod_rc == 0, "rmmod_clean", "rmmod rc %d", rmmod_rc);
+	ti_check(attach_rc == 0, "attach_phase_passed", "rc %d", attach_rc);
 	ti_check(access(TI_DEV, F_OK) != 0 && access(TI_DF, F_OK) != 0 &&
 			 !ti_find_cooling(cdir, sizeof(cdir)),
 		 "rmmod_removed_everything", "");
@@ -811,8 +890,10 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 2 && !strcmp(argv[1], "run"))
 		return ti_run();
-	if (argc == 4 && !strcmp(argv[1], "post"))
-		return ti_post(atoi(argv[2]), atoi(argv[3]));
-	fprintf(stderr, "usage: %s run | post RUN_RC RMMOD_RC\n", argv[0]);
+	if (argc == 2 && !strcmp(argv[1], "attach"))
+		return ti_attach();
+	if (argc == 5 && !strcmp(argv[1], "post"))
+		return ti_post(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+	fprintf(stderr, "usage: %s run | attach | post RUN_RC RMMOD_RC ATTACH_RC\n", argv[0]);
 	return 2;
 }
