@@ -17,7 +17,14 @@ from turboinfer_llama.engine.events import NodeShape, StallKind
 from turboinfer_llama.engine.segments import Segment
 
 F32, F16, Q4_K, Q6_K, I32 = 0, 1, 12, 14, 26
-N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB = 18, 640, 4, 1, 256, 2048, 262144
+
+# (layers, width, query heads, KV heads, head size, FFN, vocabulary)
+MODELS = {
+    "gemma-3-270m": (18, 640, 4, 1, 256, 2048, 262144),
+    # ASSUMPTION: the gemma-3 graph at Qwen2.5-1.5B's published dimensions, standing in
+    # for the paper's 1.5B-3B models (a bigger, more GPU-bound decode step).
+    "1.5b-like": (28, 1536, 12, 2, 128, 8960, 151936),
+}
 
 
 def _sh(ne, t=F32, s0=None, t0=-1, s1=None, t1=-1) -> NodeShape:
@@ -25,9 +32,12 @@ def _sh(ne, t=F32, s0=None, t0=-1, s1=None, t1=-1) -> NodeShape:
     return NodeShape(pad(ne), t, pad(s0), t0, pad(s1), t1)
 
 
-def graph_nodes(n_tokens: int, n_kv: int) -> list[tuple[str, str, int, NodeShape]]:
+def graph_nodes(
+    n_tokens: int, n_kv: int, model: str = "gemma-3-270m"
+) -> list[tuple[str, str, int, NodeShape]]:
     """(op, name, layer, shape) of one gemma-3 graph for ``n_tokens`` new tokens and a
     KV cache holding ``n_kv`` positions."""
+    N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB = MODELS[model]
     T, E, Q, KV = n_tokens, N_EMBD, N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
     nodes: list[tuple[str, str, int, NodeShape]] = [
         ("GET_ROWS", "inp_embd", -1, _sh((E, T), F32, (E, N_VOCAB), Q6_K, (T,), I32)),
@@ -114,6 +124,7 @@ def make_trace(
     idle_ms: float = 300.0,
     kernel_timing: bool = True,
     sample_ms_after_shift: float | None = None,
+    model: str = "gemma-3-270m",
 ) -> list[Segment]:
     """Segments of ``requests`` requests, each a prefill then ``decode_tokens`` decode
     steps. ``kernel_timing=False`` gives a graph-granularity recording (no inter-kernel
@@ -141,7 +152,7 @@ def make_trace(
             n_kv += n_tokens
             add("stall", submit_us * 1e3 * rng.lognormal(0, 0.2), phase,
                 stall=StallKind.SUBMIT, request=req, token=tok, graph=graph)
-            nodes = graph_nodes(n_tokens, max(256, n_kv))
+            nodes = graph_nodes(n_tokens, max(256, n_kv), model)
             for i, (op, name, layer, shape) in enumerate(nodes):
                 if kernel_timing and i > 0:
                     add("stall", inter_kernel_us * 1e3 * rng.lognormal(0, 0.3), phase,

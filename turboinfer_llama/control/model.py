@@ -115,13 +115,13 @@ def node_times(flops: np.ndarray, bytes_: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 class PhaseModel:
-    """RLS with forgetting over ``th = (th_c, th_m, th_o)`` for one phase."""
+    """RLS with forgetting over ``th = (th_c, th_m, th_x, th_o)`` for one phase."""
 
     def __init__(self, f_max_hz: float, *, forget: float = 0.95) -> None:
         self.f_max_hz = float(f_max_hz)
         self.forget = forget
-        self.theta = np.array([1.0, 1.0, 1.0])
-        self._p0 = np.diag([0.5, 0.5, 0.5])
+        self.theta = np.array([1.0, 1.0, 0.2, 1.0])
+        self._p0 = np.diag([0.5, 0.5, 0.05, 0.5])
         self.P = self._p0.copy()
         self.n_obs = 0
         self.last_residual = 0.0
@@ -129,12 +129,19 @@ class PhaseModel:
     def features(
         self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, f_hz: np.ndarray | float
     ) -> np.ndarray:
-        """Summed regressors ``(C(f), M(f), launches)`` of nodes run at ``f_hz`` (scalar
-        or per node): each node counts on the side of the roofline it is on."""
+        """Summed regressors of nodes run at ``f_hz`` (scalar or per node): compute time
+        of compute-bound nodes, memory time of memory-bound ones, the partly hidden
+        shorter side (at the current estimate), launches."""
         cf = c_ns * (self.f_max_hz / np.asarray(f_hz, dtype=np.float64))
-        comp = self.theta[0] * cf >= self.theta[1] * m_ns
+        a, b = self.theta[0] * cf, self.theta[1] * m_ns
+        comp = a >= b
         return np.array(
-            [float(cf[comp].sum()), float(m_ns[~comp].sum()), float(launches.sum() * _LAUNCH_NS)]
+            [
+                float(cf[comp].sum()),
+                float(m_ns[~comp].sum()),
+                float(np.minimum(a, b).sum()),
+                float(launches.sum() * _LAUNCH_NS),
+            ]
         )
 
     def update(self, x: np.ndarray, y_ns: float) -> None:
@@ -164,12 +171,14 @@ class PhaseModel:
     def level_times(
         self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, levels_hz: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Per-node time at every level, shape (nodes, levels), and the compute-side
-        part of it (for the compute-bound fraction)."""
-        comp = self.theta[0] * c_ns[:, None] * (self.f_max_hz / levels_hz[None, :])
-        mem = self.theta[1] * m_ns[:, None]
-        t = np.maximum(comp, mem) + self.theta[2] * _LAUNCH_NS * launches[:, None]
-        return t, np.where(comp >= mem, comp, 0.0)
+        """Per-node time at every level, shape (nodes, levels), and the part of it that
+        scales with the clock (for the compute-bound fraction)."""
+        a = self.theta[0] * c_ns[:, None] * (self.f_max_hz / levels_hz[None, :])
+        b = self.theta[1] * m_ns[:, None]
+        t = np.maximum(a, b) + self.theta[2] * np.minimum(a, b)
+        t = t + self.theta[3] * _LAUNCH_NS * launches[:, None]
+        scaling = np.where(a >= b, a, self.theta[2] * a)
+        return t, scaling
 
 
 class WorkloadModel:

@@ -5,8 +5,8 @@ have emitted (request, prefill, decode, node, sample, token ...) and hands them 
 the controller in time order, so a controller cannot see anything before it happens.
 Kernels are re-timed by the simulator at its current clock; stalls keep their
 recorded duration. Decisions land through ``set_hz`` at their ``at_ns``: stalls are
-split at decision times, and a decision that falls inside a kernel is applied at the
-kernel's end (the next boundary), as a live driver call would be. Every controller
+split at decision times, and so are kernels (the simulator's kernel time is linear in
+the kernel's work), as a live driver call lands while a kernel runs. Every controller
 call is timed with ``time.perf_counter_ns``.
 
 Event placement: at ``kernel`` granularity (recorded with per-kernel timing) every
@@ -171,14 +171,27 @@ class _Runner:
             self.apply_due()
 
     def kernel(self, seg: Segment, add_submission: bool) -> None:
+        """Run one kernel. A decision due while it runs is applied at its instant: the
+        kernel is split there (the simulator's kernel time is linear in its work)."""
         c = cost(seg.op, seg.shape)
         if c.is_noop:
             return
         if add_submission:
             self.gap(self.dev.profile.host_submission_ns, "inter_kernel", seg.phase)
         self.apply_due()
-        self.dev.run_kernel(c.op, c.flops, c.bytes, phase=seg.phase)
-        self.apply_due()
+        left = 1.0
+        while left > 0:
+            now = self.dev.now_ns()
+            full_ns = self.dev.kernel_ns(c.flops * left, c.bytes * left)
+            due = self.next_due()
+            if due is not None and now < due < now + full_ns - 1_000:
+                frac = left * (due - now) / full_ns
+                self.dev.run_kernel(c.op, c.flops * frac, c.bytes * frac, phase=seg.phase)
+                left -= frac
+            else:
+                self.dev.run_kernel(c.op, c.flops * left, c.bytes * left, phase=seg.phase)
+                left = 0.0
+            self.apply_due()
 
 
 def _graphs(segments: Sequence[Segment]) -> dict[int, list[Segment]]:

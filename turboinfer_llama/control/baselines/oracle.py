@@ -1,0 +1,191 @@
+"""Oracle: the offline minimum-energy level schedule for a whole recorded trace.
+
+It reads the entire trace (the only controller allowed to) and the simulator's
+physical model, cuts the run into blocks -- each graph's compute split at layer
+boundaries, and every submit/sample/idle stall -- and tabulates each block's exact
+time and energy at every level. The latency budget is the same as everyone's:
+``(1 + latency_slack)`` times the default governor's run time, measured by replaying
+the trace with the default governor. Lagrangian relaxation turns the budget into a
+price ``lam`` on time; for a given price a Viterbi DP over blocks x levels (switch
+energy on transitions) finds the best schedule, and bisection on ``lam`` finds the
+cheapest schedule within the budget. The schedule is then checked by replay and the
+target tightened by any overshoot (the block model ignores the first switch and
+slumber edges; the overshoot is under 1%). Switch latency is included by issuing each
+switch one switch latency before its block starts, so it lands on time (the replay
+applies decisions at their instant, inside kernels too).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...engine.events import Event, EventKind, StallKind
+from ...engine.graph import cost
+from ...engine.segments import Segment
+from ..base import Decision
+
+
+def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any]]:
+    """The trace as the replay runs it: (block id, 'busy'|'gap', payload) where the
+    payload is per-level kernel ns (array) or the gap's ns."""
+    levels = dev.frequencies_hz()
+    timed = all(s.timed for s in segments if s.kind == "kernel")
+    host_ns = dev.profile.host_submission_ns
+    cache: dict[tuple[float, float], np.ndarray] = {}
+    out: list[tuple[int, str, Any]] = []
+    block = -1
+    key: tuple[Any, ...] | None = None
+    for s in segments:
+        if s.kind == "kernel":
+            k = ("c", s.graph, s.layer)
+            c = cost(s.op, s.shape)
+            if c.is_noop:
+                continue
+        elif s.stall is StallKind.INTER_KERNEL and key is not None and key[0] == "c":
+            k = key
+        else:
+            k = ("s", s.stall, s.t_ns)
+        if k != key:
+            block += 1
+            key = k
+        if s.kind == "stall":
+            out.append((block, "gap", int(s.dur_ns)))
+            continue
+        if not timed:
+            out.append((block, "gap", host_ns))
+        ck = (c.flops, c.bytes)
+        if ck not in cache:
+            cache[ck] = np.array([dev.kernel_ns(c.flops, c.bytes, h) for h in levels])
+        out.append((block, "busy", cache[ck]))
+    return out
+
+
+class Oracle:
+    name = "oracle"
+    uses_device_governor = False
+
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        device_factory: Callable[[], Any],
+        *,
+        latency_slack: float = 0.02,
+        budget_ns: float | None = None,
+        refine: int = 3,
+    ) -> None:
+        from ..replay import replay
+        from .simple import DefaultGovernor
+
+        if budget_ns is None:
+            ref = replay(segments, DefaultGovernor(), device_factory())
+            budget_ns = (1.0 + latency_slack) * ref.duration_s * 1e9
+        self.budget_ns = float(budget_ns)
+        dev = device_factory()
+        self.levels = dev.frequencies_hz()
+        self.s_ns = dev.capabilities.switch_latency_ns
+        p = dev.profile
+        busy_w = np.array([dev.power_w(h, "busy") for h in self.levels])
+        idle_w = np.array([dev.power_w(h, "idle") for h in self.levels])
+        items = _items(segments, dev)
+        n_blocks = items[-1][0] + 1 if items else 0
+        L = len(self.levels)
+        t = np.zeros((n_blocks, L))
+        e = np.zeros((n_blocks, L))
+        idle_for = 0.0
+        for b, kind, val in items:
+            if kind == "busy":
+                t[b] += val
+                e[b] += busy_w * val * 1e-9
+                idle_for = 0.0
+            else:
+                awake = max(0.0, min(val, p.idle_timeout_ns - idle_for))
+                t[b] += val
+                e[b] += (idle_w * awake + p.slumber_power_w * (val - awake)) * 1e-9
+                idle_for += val
+        self.block_t, self.block_e = t, e
+        self._items = items
+        self.decisions: list[Decision] = []
+        self._t0: int | None = None
+        self._ats: list[int] = []
+        self.target_ns = self.budget_ns
+        self.schedule = self._solve(t, e, switch_j=0.0)
+        for _ in range(refine):  # check by replay; tighten by any overshoot (<1%)
+            got = replay(segments, self, device_factory()).duration_s * 1e9
+            self._t0 = None
+            if got <= self.budget_ns:
+                break
+            self.target_ns -= got - self.budget_ns
+            self.schedule = self._solve(t, e, switch_j=0.0)
+        self.energy_j = float(e[np.arange(n_blocks), self.schedule].sum())
+        self.time_ns = float(t[np.arange(n_blocks), self.schedule].sum())
+
+    def _dp(self, cost_: np.ndarray, switch_j: float) -> np.ndarray:
+        n, L = cost_.shape
+        trans = switch_j * (1.0 - np.eye(L))
+        acc = cost_[0].copy()
+        back = np.zeros((n, L), dtype=np.int64)
+        for b in range(1, n):
+            tot = acc[:, None] + trans
+            back[b] = np.argmin(tot, axis=0)
+            acc = tot[back[b], np.arange(L)] + cost_[b]
+        path = np.zeros(n, dtype=np.int64)
+        path[-1] = int(np.argmin(acc))
+        for b in range(n - 1, 0, -1):
+            path[b - 1] = back[b, path[b]]
+        return path
+
+    def _solve(self, t: np.ndarray, e: np.ndarray, switch_j: float) -> np.ndarray:
+        idx = np.arange(len(t))
+        lo, hi = 0.0, 1e-6  # J per ns
+        budget = self.target_ns
+        fastest = self._dp(e + 1e3 * t, switch_j)
+        if t[idx, fastest].sum() > budget:
+            return fastest  # infeasible even flat out: the fastest schedule
+        while t[idx, self._dp(e + hi * t, switch_j)].sum() > budget:
+            hi *= 4.0
+        best = self._dp(e + hi * t, switch_j)
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            path = self._dp(e + mid * t, switch_j)
+            if t[idx, path].sum() <= budget:
+                hi, best = mid, path
+            else:
+                lo = mid
+        return best
+
+    def _timeline(self, t0: int) -> list[Decision]:
+        """Issue times: one switch latency before each block whose level changes."""
+        sched = self.schedule
+        block_start: dict[int, float] = {}
+        now = float(t0)
+        for b, kind, val in self._items:
+            block_start.setdefault(b, now)
+            now += float(val[sched[b]]) if kind == "busy" else float(val)
+        out = []
+        prev = None
+        for b in range(len(sched)):
+            lvl = int(sched[b])
+            if lvl != prev:
+                at = max(t0, int(block_start[b]) - self.s_ns)
+                out.append(Decision(self.levels[lvl], at, "oracle"))
+                prev = lvl
+        return out
+
+    def on_event(self, event: Event) -> Decision | None:
+        if self._t0 is None and event.kind is EventKind.REQUEST_BEGIN:
+            self._t0 = event.t_ns
+            self.decisions = self._timeline(event.t_ns)
+            self._ats = [d.at_ns for d in self.decisions]
+            first = self.decisions[0]
+            return Decision(first.freq_hz, event.t_ns, "oracle")
+        return None
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        if self._t0 is None:
+            return []
+        i = bisect.bisect_left(self._ats, now_ns)
+        return self.decisions[i : i + 256]

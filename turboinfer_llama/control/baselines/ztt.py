@@ -1,0 +1,124 @@
+"""zTT-style learning governor (after zTT, MobiSys'21), reimplemented small.
+
+Tabular Q-learning over the GPU clock, one decision per decode step (graph end):
+
+* **State**: (current level index, busy-fraction bucket of the last step from the
+  device counters -- 4 buckets, latency bucket -- ahead of / within / behind the
+  latency budget against the default governor's shadow, the same reference TMPC uses).
+* **Action**: step the level down one, keep it, or step it up one.
+* **Reward**: performance per power, as in zTT: tokens per joule of the last step
+  (1 / (step time x estimated power, from the device's power table and busy
+  fraction)), normalised by its running maximum, minus a penalty proportional to how
+  far latency debt exceeds the budget (zTT penalises missing its target frame rate).
+
+Epsilon-greedy with decaying epsilon, learning rate 0.2, discount 0.9; the seeded RNG
+makes replays deterministic. The Q table persists across replays of one instance, so
+a caller can train it for a few episodes first (zTT's training phase).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from ...engine.events import Event, EventKind
+from ..base import Decision
+from ..model import PowerTable
+from ..reference import ShadowParams
+
+_BUSY_EDGES = (0.25, 0.5, 0.75)
+
+
+class ZttQLearning:
+    name = "ztt"
+    uses_device_governor = False
+
+    def __init__(
+        self,
+        levels_hz: list[int],
+        *,
+        power: PowerTable,
+        shadow: ShadowParams | None = None,
+        latency_slack: float = 0.02,
+        seed: int = 0,
+        alpha: float = 0.2,
+        gamma: float = 0.9,
+        epsilon: float = 0.3,
+        epsilon_decay: float = 0.995,
+        penalty: float = 20.0,
+    ) -> None:
+        from ..tmpc import TubeMPC
+
+        self.levels = sorted(int(h) for h in levels_hz)
+        self.L = len(self.levels)
+        self.power = power
+        self.slack = latency_slack
+        # latency bookkeeping only (debt vs the default's shadow); its decisions are unused
+        self._ref = TubeMPC(self.levels, latency_slack=latency_slack, power=power, shadow=shadow)
+        self.q = np.zeros((self.L, len(_BUSY_EDGES) + 1, 3, 3))
+        self.alpha, self.gamma = alpha, gamma
+        self.epsilon, self.epsilon_decay = epsilon, epsilon_decay
+        self.penalty = penalty
+        self._rng = random.Random(seed)
+        self.level = self.L - 1
+        self._prev: tuple[tuple[int, int, int], int] | None = None
+        self._busy_last: tuple[int, int] | None = None
+        self._busy_frac = 0.5
+        self._t_last: int | None = None
+        self._best_rate = 1e-12
+
+    def reseed(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def on_counters(self, counters) -> None:
+        self._ref.on_counters(counters)
+        if self._busy_last is not None:
+            dt = counters.total_ns - self._busy_last[1]
+            if dt > 0:
+                self._busy_frac = (counters.busy_ns - self._busy_last[0]) / dt
+        self._busy_last = (counters.busy_ns, counters.total_ns)
+
+    def _state(self) -> tuple[int, int, int]:
+        busy = int(np.searchsorted(_BUSY_EDGES, self._busy_frac))
+        ref = self._ref
+        allowance = self.slack * max(ref.ref_elapsed_ns, 1.0)
+        lat = 0 if ref.debt_ns < 0 else (1 if ref.debt_ns <= allowance else 2)
+        return (self.level, busy, lat)
+
+    def on_event(self, event: Event) -> Decision | None:
+        self._ref.on_event(event)
+        if event.kind is EventKind.REQUEST_BEGIN:
+            self._t_last = event.t_ns
+            return Decision(self.levels[self.level], event.t_ns, "ztt")
+        if event.kind is not EventKind.DECODE_END:
+            return None
+        t = event.t_ns
+        step_ns = t - self._t_last if self._t_last is not None else 0
+        self._t_last = t
+        state = self._state()
+        if self._prev is not None and step_ns > 0:
+            b = self._busy_frac
+            p_w = b * self.power.busy_w[self.level] + (1 - b) * self.power.idle_w[self.level]
+            rate = 1.0 / (step_ns * 1e-9 * p_w)
+            self._best_rate = max(self._best_rate, rate)
+            ref = self._ref
+            over = ref.debt_ns / max(ref.ref_elapsed_ns, 1.0) - self.slack
+            reward = rate / self._best_rate - self.penalty * max(0.0, over)
+            s0, a0 = self._prev
+            target = reward + self.gamma * float(self.q[state].max())
+            self.q[s0][a0] += self.alpha * (target - self.q[s0][a0])
+        if self._rng.random() < self.epsilon:
+            action = self._rng.randrange(3)
+        else:
+            action = int(np.argmax(self.q[state]))
+        self.epsilon *= self.epsilon_decay
+        self._prev = (state, action)
+        new = min(self.L - 1, max(0, self.level + action - 1))
+        if new == self.level:
+            return None
+        self.level = new
+        return Decision(self.levels[new], t, "ztt")
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        return []
