@@ -56,6 +56,7 @@ class ReplayResult:
     decision_us_median: float
     decision_us_p99: float
     energy_by_phase_j: dict[str, float] = field(default_factory=dict)
+    time_by_phase_ns: dict[str, int] = field(default_factory=dict)
     decision_us: tuple[float, ...] = ()
     granularity: str = "kernel"
     simulated: bool = True
@@ -236,6 +237,7 @@ def replay(
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
+    phase_start = dict(device.time_by_phase_ns)
 
     request = -1
     graph = -1
@@ -321,7 +323,11 @@ def replay(
         if per_node:
             r.emit(EventKind.NODE_DONE, graph=graph, node=seg.node, layer=seg.layer)
     end_request()
-    return _result(controller, device, r, gran, t_start, e_start, sw_start)
+    res = _result(controller, device, r, gran, t_start, e_start, sw_start)
+    res.time_by_phase_ns.update(
+        {ph: ns - phase_start.get(ph, 0) for ph, ns in device.time_by_phase_ns.items()}
+    )
+    return res
 
 
 def _batch_of(nodes: list[Segment]) -> int:

@@ -134,6 +134,7 @@ class TubeMPC:
         self._ik_count = 0
         self._busy_last: int | None = None
         self._margin_ns = 0.0
+        self._last_graph_phase = "idle"
         self._graph_busy: int | None = None
 
     # ---- state ---------------------------------------------------------------------
@@ -201,7 +202,13 @@ class TubeMPC:
             return self._node_ask(ev)
         if k is EventKind.DECODE_BEGIN:
             self._end_stall(ev.t_ns)
-            self.phase = "prefill" if ev.n_tokens > 1 else "decode"
+            phase = "prefill" if ev.n_tokens > 1 else "decode"
+            if phase == "decode" and self._last_graph_phase == "prefill":
+                # TTFT is settled: decode gets its own budget (TPOT), neither using
+                # time the prefill saved nor paying for time it lost
+                self.debt_ns = 0.0
+                self.ref_elapsed_ns = 0.0
+            self.phase = self._last_graph_phase = phase
             self.stall_kind, self.t_stall = StallKind.SUBMIT, ev.t_ns
             self._nodes, self._node_level, self.done = [], [], 0
             return None

@@ -4,8 +4,9 @@ It reads the entire trace (the only controller allowed to) and the simulator's
 physical model, cuts the run into blocks -- each graph's compute split at layer
 boundaries, and every submit/sample/idle stall -- and tabulates each block's exact
 time and energy at every level. The latency budget is the same as everyone's:
-``(1 + latency_slack)`` times the default governor's run time, measured by replaying
-the trace with the default governor. Lagrangian relaxation turns the budget into a
+``(1 + latency_slack)`` times the default governor's time, per phase (prefill time
+sets TTFT, decode time TPOT), measured by replaying the trace with the default
+governor. Lagrangian relaxation turns the budget into a
 price ``lam`` on time; for a given price a Viterbi DP over blocks x levels (switch
 energy on transitions) finds the best schedule, and bisection on ``lam`` finds the
 cheapest schedule within the budget. The schedule is then checked by replay and the
@@ -29,14 +30,14 @@ from ...engine.segments import Segment
 from ..base import Decision
 
 
-def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any]]:
-    """The trace as the replay runs it: (block id, 'busy'|'gap', payload) where the
-    payload is per-level kernel ns (array) or the gap's ns."""
+def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, str]]:
+    """The trace as the replay runs it: (block id, 'busy'|'gap', payload, phase) where
+    the payload is per-level kernel ns (array) or the gap's ns."""
     levels = dev.frequencies_hz()
     timed = all(s.timed for s in segments if s.kind == "kernel")
     host_ns = dev.profile.host_submission_ns
     cache: dict[tuple[float, float], np.ndarray] = {}
-    out: list[tuple[int, str, Any]] = []
+    out: list[tuple[int, str, Any, str]] = []
     block = -1
     key: tuple[Any, ...] | None = None
     for s in segments:
@@ -53,15 +54,19 @@ def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any]]:
             block += 1
             key = k
         if s.kind == "stall":
-            out.append((block, "gap", int(s.dur_ns)))
+            out.append((block, "gap", int(s.dur_ns), s.phase))
             continue
         if not timed:
-            out.append((block, "gap", host_ns))
+            out.append((block, "gap", host_ns, s.phase))
         ck = (c.flops, c.bytes)
         if ck not in cache:
             cache[ck] = np.array([dev.kernel_ns(c.flops, c.bytes, h) for h in levels])
-        out.append((block, "busy", cache[ck]))
+        out.append((block, "busy", cache[ck], s.phase))
     return out
+
+
+def _phase_times(result: Any) -> dict[str, float]:
+    return dict(result.time_by_phase_ns)
 
 
 class Oracle:
@@ -74,16 +79,19 @@ class Oracle:
         device_factory: Callable[[], Any],
         *,
         latency_slack: float = 0.02,
-        budget_ns: float | None = None,
+        budgets_ns: dict[str, float] | None = None,
         refine: int = 3,
     ) -> None:
         from ..replay import replay
         from .simple import DefaultGovernor
 
-        if budget_ns is None:
-            ref = replay(segments, DefaultGovernor(), device_factory())
-            budget_ns = (1.0 + latency_slack) * ref.duration_s * 1e9
-        self.budget_ns = float(budget_ns)
+        if budgets_ns is None:
+            ref_dev = device_factory()
+            replay(segments, DefaultGovernor(), ref_dev)
+            budgets_ns = {
+                ph: (1.0 + latency_slack) * ns for ph, ns in ref_dev.time_by_phase_ns.items()
+            }
+        self.budgets_ns = dict(budgets_ns)
         dev = device_factory()
         self.levels = dev.frequencies_hz()
         self.s_ns = dev.capabilities.switch_latency_ns
@@ -95,8 +103,10 @@ class Oracle:
         L = len(self.levels)
         t = np.zeros((n_blocks, L))
         e = np.zeros((n_blocks, L))
+        phase_of = [""] * n_blocks
         idle_for = 0.0
-        for b, kind, val in items:
+        for b, kind, val, phase in items:
+            phase_of[b] = phase
             if kind == "busy":
                 t[b] += val
                 e[b] += busy_w * val * 1e-9
@@ -111,17 +121,28 @@ class Oracle:
         self.decisions: list[Decision] = []
         self._t0: int | None = None
         self._ats: list[int] = []
-        self.target_ns = self.budget_ns
-        self.schedule = self._solve(t, e, switch_j=0.0)
-        for _ in range(refine):  # check by replay; tighten by any overshoot (<1%)
-            got = replay(segments, self, device_factory()).duration_s * 1e9
+        # one budget per phase (TTFT and TPOT each within the slack); blocks of
+        # different phases do not interact, so each phase is its own problem
+        groups = {ph: np.array([i for i, q in enumerate(phase_of) if q == ph]) for ph in
+                  set(phase_of)}
+        targets = {ph: self.budgets_ns.get(ph, float("inf")) for ph in groups}
+        self.schedule = np.zeros(n_blocks, dtype=np.int64)
+        for _ in range(refine + 1):
+            for ph, idx in groups.items():
+                self.schedule[idx] = self._solve(t[idx], e[idx], targets[ph])
+            # check by replay; tighten each phase by any overshoot (under 1%)
+            got = _phase_times(replay(segments, self, device_factory()))
             self._t0 = None
-            if got <= self.budget_ns:
+            over = {ph: got.get(ph, 0) - self.budgets_ns[ph] for ph in groups
+                    if ph in self.budgets_ns}
+            if all(v <= 0 for v in over.values()):
                 break
-            self.target_ns -= got - self.budget_ns
-            self.schedule = self._solve(t, e, switch_j=0.0)
-        self.energy_j = float(e[np.arange(n_blocks), self.schedule].sum())
-        self.time_ns = float(t[np.arange(n_blocks), self.schedule].sum())
+            for ph, v in over.items():
+                if v > 0:
+                    targets[ph] -= v
+        rows = np.arange(n_blocks)
+        self.energy_j = float(e[rows, self.schedule].sum())
+        self.time_ns = float(t[rows, self.schedule].sum())
 
     def _dp(self, cost_: np.ndarray, switch_j: float) -> np.ndarray:
         n, L = cost_.shape
@@ -138,10 +159,12 @@ class Oracle:
             path[b - 1] = back[b, path[b]]
         return path
 
-    def _solve(self, t: np.ndarray, e: np.ndarray, switch_j: float) -> np.ndarray:
+    def _solve(
+        self, t: np.ndarray, e: np.ndarray, budget: float, switch_j: float = 0.0
+    ) -> np.ndarray:
+        """Cheapest level per block with total time within ``budget``."""
         idx = np.arange(len(t))
         lo, hi = 0.0, 1e-6  # J per ns
-        budget = self.target_ns
         fastest = self._dp(e + 1e3 * t, switch_j)
         if t[idx, fastest].sum() > budget:
             return fastest  # infeasible even flat out: the fastest schedule
@@ -162,7 +185,7 @@ class Oracle:
         sched = self.schedule
         block_start: dict[int, float] = {}
         now = float(t0)
-        for b, kind, val in self._items:
+        for b, kind, val, _ in self._items:
             block_start.setdefault(b, now)
             now += float(val[sched[b]]) if kind == "busy" else float(val)
         out = []
