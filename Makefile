@@ -17,7 +17,7 @@ $(VENV)/.llama-stamp:
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install "$(LLAMA_SPEC)"
 	touch $@
 
-$(VENV)/.pkg-stamp: $(VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c
+$(VENV)/.pkg-stamp: $(VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h
 	$(PIP) install -q -e ".[server,plot,dev,model]"
 	touch $@
 

@@ -40,6 +40,7 @@ class OptionalBuildExt(build_ext):
 hooks_ext = Extension(
     "turboinfer_llama._ti_hooks",
     sources=["hooks/ti_hooks.c"],
+    depends=["hooks/ti_hooks.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
 )
 

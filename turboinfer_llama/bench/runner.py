@@ -239,9 +239,10 @@ def build_report(
     }
 
 
-def run_bench(cfg: BenchConfig, progress: Progress | None = None, *, live: bool = True) -> BenchOutcome:
-    """The whole benchmark. On Ctrl-C, returns what is done with ``interrupted=True``."""
+def preflight(cfg: BenchConfig) -> str:
+    """Check everything the user named before any long work; returns the model path."""
     check_controllers(cfg.controllers)
+    model = "" if cfg.replay else resolve_model(cfg.model)
     try:
         probe = open_device(cfg.device)
     except (DeviceError, ValueError) as e:
@@ -253,7 +254,14 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, *, live: bool 
             f"device {cfg.device!r} is real hardware: replay needs the simulator; use "
             "`turboinfer android bench` or the live governor (docs: README 'On a phone')"
         )
-    model = "" if cfg.replay else resolve_model(cfg.model)
+    return model
+
+
+def run_bench(
+    cfg: BenchConfig, progress: Progress | None = None, *, live: bool = True
+) -> BenchOutcome:
+    """The whole benchmark. On Ctrl-C, returns what is done with ``interrupted=True``."""
+    model = preflight(cfg)
     results: dict[str, ReplayResult] = {}
     intervals: dict[str, list[Any]] = {}
     segments: list[Segment] = []

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.prompts import PromptsError, load_prompts
     from ..bench.report import live_line, table, write_csv, write_trace
-    from ..bench.runner import ALL_CONTROLLERS, BenchConfig, BenchError, run_bench
+    from ..bench.runner import ALL_CONTROLLERS, BenchConfig, BenchError, preflight, run_bench
 
     for v, f in ((args.max_tokens, "--max-tokens"), (args.n_ctx, "--n-ctx"),
                  (args.repeats, "--repeats")):
@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         granularity=args.granularity, live_rounds=args.live_rounds, record=args.record,
         replay=args.replay, timing=not args.no_timing,
     )
+    try:
+        preflight(cfg)
+    except BenchError as e:
+        raise CliError(str(e)) from e
     console = Console(stderr=False)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

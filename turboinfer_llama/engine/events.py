@@ -6,6 +6,7 @@ Fields that do not apply to a kind keep their defaults (-1, "" or None).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -91,9 +92,11 @@ class Event:
         return cls(**d)
 
 
+_LAYER_RE = re.compile(r"(?:-|_l)(\d+)$")
+
+
 def layer_of(name: str) -> int:
-    """Layer index from a llama.cpp node name such as ``ffn_out-12`` (-1 if none)."""
-    head, sep, tail = name.rpartition("-")
-    if sep and head and tail.isdigit():
-        return int(tail)
-    return -1
+    """Layer index from a llama.cpp node name (-1 if none): ``ffn_out-12``,
+    ``Kcur-0 (view)``, ``cache_k_l3 (view)``."""
+    m = _LAYER_RE.search(name.split(" ", 1)[0])
+    return int(m.group(1)) if m else -1

@@ -1,0 +1,118 @@
+"""`turboinfer bench` on the tiny GGUF: errors, JSON schema, replay determinism, plots."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from turboinfer_llama.cli import main
+
+FAST = ["--max-tokens", "6", "--live-rounds", "0", "--n-ctx", "256"]
+
+
+def _bench(*args: str) -> int:
+    return main(["bench", *args])
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_gguf, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("bench")
+    rec, js = out / "rec.json", out / "report.json"
+    rc = _bench("--model", str(tiny_gguf), *FAST, "--all", "--record", str(rec),
+                "--json", str(js), "--csv", str(out / "t.csv"), "--trace", str(out / "trace.json"))
+    assert rc == 0
+    return rec, json.loads(js.read_text())
+
+
+def test_json_schema(recorded):
+    _, report = recorded
+    assert report["version"] == 1 and report["simulated"] is True
+    assert report["device"] == "sim:adreno650"
+    assert set(report["controllers"]) == {"default", "max", "reactive", "ztt", "tmpc", "oracle"}
+    keys = {"energy_per_token_j", "avg_power_w", "ttft_ms", "tpot_ms", "tokens_per_s",
+            "energy_saving_vs_default", "latency_change_vs_default", "oracle_fraction",
+            "switches_per_s", "decision_us_median"}
+    for row in report["controllers"].values():
+        assert keys <= set(row)
+        assert row["energy_per_token_j"] > 0 and row["tpot_ms"] > 0
+        assert row["simulated"] is True
+    assert report["controllers"]["default"]["energy_saving_vs_default"] == 0.0
+    assert report["live"] is None  # --live-rounds 0
+
+
+def test_csv_and_trace_written(recorded):
+    rec, _ = recorded
+    out = rec.parent
+    rows = (out / "t.csv").read_text().splitlines()
+    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 7
+    doc = json.loads((out / "trace.json").read_text())
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert "freq_mhz" in names and "MUL_MAT" in names
+
+
+def test_replay_is_byte_identical(recorded, tmp_path):
+    rec, _ = recorded
+    outs = []
+    for i in range(2):
+        js = tmp_path / f"r{i}.json"
+        assert _bench("--replay", str(rec), "--all", "--seed", "3", "--no-timing",
+                      "--json", str(js)) == 0
+        outs.append(js.read_bytes())
+    assert outs[0] == outs[1]
+    assert json.loads(outs[0])["controllers"]["tmpc"]["decision_us_median"] is None
+
+
+def test_plot_created(recorded, tmp_path):
+    pytest.importorskip("matplotlib")
+    rec, _ = recorded
+    png = tmp_path / "fig.png"
+    assert _bench("--replay", str(rec), "--plot", str(png)) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "/nonexistent/model.gguf"], "model not found"),
+        (["--controllers", "default,bogus"], "unknown controller 'bogus'"),
+        (["--device", "nosuch:thing"], "device"),
+        (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+        (["--max-tokens", "0"], "--max-tokens must be positive"),
+        (["--replay", "/nonexistent/trace.json"], "trace not found"),
+    ],
+)
+def test_argument_errors_one_line(args, needle, tiny_gguf):
+    argv = ["bench", *FAST, *args]
+    if "--model" not in args:
+        argv += ["--model", str(tiny_gguf)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "turboinfer_llama.cli", *argv],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_prompts_file(tmp_path, tiny_gguf, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    assert _bench("--model", str(tiny_gguf), *FAST, "--prompts", str(bad)) == 2
+    assert "invalid JSON" in capsys.readouterr().err
+
+
+def test_prompts_file_and_live_ab(tmp_path, tiny_gguf):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello the world\n\nthe world is\n")
+    js = tmp_path / "r.json"
+    assert _bench("--model", str(tiny_gguf), "--max-tokens", "6", "--n-ctx", "256",
+                  "--live-rounds", "2", "--prompts", str(prompts), "--json", str(js)) == 0
+    report = json.loads(js.read_text())
+    assert report["prompts"] == 2
+    live = report["live"]
+    assert live["tokens_per_s_on"] > 0 and live["tokens_per_s_off"] > 0 and live["ratio"] > 0
