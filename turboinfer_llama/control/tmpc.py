@@ -15,7 +15,7 @@ than the switch latency (the drop is issued one switch latency before the stall,
 the last kernels run; the raise one switch latency before the stall's *lower-bound*
 end, so an early end cannot leave compute on the low clock), else the next compute
 level. That leaves the compute levels, searched exhaustively over all L^Nc
-combinations with one precomputed one-hot matrix (two mat-vecs per solve).
+combinations at once as outer sums of the per-segment tables (numpy broadcasting).
 
 Nominal plan: minimise predicted energy (busy power x kernel time + idle power x
 stalls and host gaps + switch cost) subject to
@@ -46,41 +46,42 @@ from .reference import DefaultShadow, ShadowParams
 
 _SHADOW_CHUNKS = 24  # about one chunk per layer of a small model
 
-_COMBOS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_COMBOS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _combos(n_levels: int, n_seg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All level combinations (rows), their one-hot matrix (rows x n_seg*L) and the
-    number of level changes inside each combination."""
+def _combos(n_levels: int, n_seg: int) -> tuple[np.ndarray, np.ndarray]:
+    """All level combinations (rows, in ``itertools.product`` order) and the number of
+    level changes inside each."""
     key = (n_levels, n_seg)
     if key not in _COMBOS:
         combos = np.array(list(itertools.product(range(n_levels), repeat=n_seg)), dtype=np.int64)
-        onehot = np.zeros((len(combos), n_seg * n_levels))
-        for i in range(n_seg):
-            onehot[np.arange(len(combos)), i * n_levels + combos[:, i]] = 1.0
         changes = (np.diff(combos, axis=1) != 0).sum(axis=1).astype(np.float64)
-        _COMBOS[key] = (combos, onehot, changes)
+        _COMBOS[key] = (combos, changes)
     return _COMBOS[key]
 
 
 class _Graph:
     """Per-node work of one graph: compute/memory time at the top clock, launches."""
 
-    __slots__ = ("cum_k", "cum_launch", "launch", "m_ns", "c_ns", "n")
+    __slots__ = ("c_ns", "cum_k", "cum_launch", "d_row", "e_row", "launch", "m_ns", "n")
 
     def __init__(self, c_ns: np.ndarray, m_ns: np.ndarray, launch: np.ndarray) -> None:
         self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
         self.n = len(c_ns)
         self.cum_k = np.zeros((1, 1))
         self.cum_launch = np.zeros(1)
+        self.e_row = self.d_row = np.zeros(1)
 
-    def tabulate(self, model, levels_hz: np.ndarray, host_ns: float) -> None:
+    def tabulate(self, model, levels_hz: np.ndarray, host_ns: float, power: PowerTable) -> None:
         """Cumulative kernel time per level, and the graph's host gaps (measured,
         level-independent) shared out by kernel launches."""
         k, _ = model.level_times(self.c_ns, self.m_ns, self.launch, levels_hz)
         self.cum_k = np.vstack([np.zeros((1, len(levels_hz))), np.cumsum(k, axis=0)])
         per_launch = host_ns / max(float(self.launch.sum()), 1.0)
         self.cum_launch = np.concatenate([[0.0], np.cumsum(self.launch * per_launch)])
+        # the whole graph per level: energy (busy kernels, idle host gaps) and time
+        self.e_row = power.busy_w * self.cum_k[-1] + power.idle_w * host_ns
+        self.d_row = self.cum_k[-1] + host_ns
 
     def rest(self, done: int) -> tuple[np.ndarray, float]:
         """Kernel time per level and host time of the nodes after ``done``."""
@@ -119,8 +120,9 @@ class TubeMPC:
         self.forecast = Forecaster(cost_fn=lambda op, sh: (0.0, 0.0))
         self.shadow = DefaultShadow(self.levels, shadow or ShadowParams())
         self.n_compute = (horizon + 1) // 2
-        self.combos, self.onehot, self.changes = _combos(self.L, self.n_compute)
-        self.first_change = self.combos[:, 0][None, :] != np.arange(self.L)[:, None]
+        self.combos, self.changes = _combos(self.L, self.n_compute)
+        first_change = self.combos[:, 0][None, :] != np.arange(self.L)[:, None]
+        self.switch_cost = self.changes[None, :] + first_change  # per current level
         self.gain = feedback_gain
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
         self._cost_cache: dict[tuple[str, object], tuple[float, float, float]] = {}
@@ -327,7 +329,7 @@ class TubeMPC:
             else:
                 host = float(measured - busy)
             pm.update(pm.features(g.c_ns, g.m_ns, g.launch, f), float(busy))
-            g.tabulate(pm, self.levels, host)
+            g.tabulate(pm, self.levels, host, self.power)
             self._templates[phase] = g
             # reference: the shadow runs the same graph, calibrated by this measurement
             k_all, host = g.rest(0)
@@ -389,27 +391,26 @@ class TubeMPC:
         d_med, d_lo, d_err = self._stall_ns()
         droppable = d_lo >= self.s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         busy_w, idle_w = self.power.busy_w, self.power.idle_w
-        k_full, host_full = nxt_tpl.rest(0)
-        k0, host0 = cur_tpl.rest(self.done) if in_compute else (k_full, host_full)
-        ks = [k0] + [k_full] * (nc - 1)
-        hosts = [host0] + [host_full] * (nc - 1)
+        ref_lvl = self.shadow.level
+        # stall before a compute block: low clock for its lower bound, the block's own
+        # level for the rest (the early raise); or the block's level throughout
+        stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
         e = np.empty((nc, L))
         d = np.empty((nc, L))
-        ref_lvl = self.shadow.level
-        d_ref = 0.0
-        stall_const = 0.0
-        n_stalls = nc - 1 if in_compute else nc
-        for i in range(nc):
-            d[i] = ks[i] + hosts[i]
-            e[i] = busy_w * ks[i] + idle_w * hosts[i]
-            d_ref += float(ks[i][ref_lvl]) + hosts[i]
-            stall_before = i > 0 or not in_compute
-            if stall_before:
-                if droppable:  # low clock for the lower bound, next level for the rest
-                    e[i] += idle_w * (d_med - d_lo)
-                    stall_const += idle_w[0] * d_lo
-                else:
-                    e[i] += idle_w * d_med
+        e[1:] = nxt_tpl.e_row + stall_e
+        d[1:] = nxt_tpl.d_row
+        d_ref = float(nxt_tpl.d_row[ref_lvl]) * (nc - 1)
+        if in_compute:
+            k0, host0 = cur_tpl.rest(self.done)
+            e[0] = busy_w * k0 + idle_w * host0
+            d[0] = k0 + host0
+            d_ref += float(k0[ref_lvl]) + host0
+            n_stalls = nc - 1
+        else:
+            e[0] = e[1]
+            d[0] = nxt_tpl.d_row
+            d_ref += float(nxt_tpl.d_row[ref_lvl])
+            n_stalls = nc
         stalls_total = d_med * n_stalls
         tube = self.rel_err.estimate().upper_ns * d_ref + (d_err * n_stalls if droppable else 0)
         budget = (
@@ -418,15 +419,17 @@ class TubeMPC:
             - tube
             + d_ref
         )
-        flat_e = self.onehot @ e.ravel()
-        flat_d = self.onehot @ d.ravel()
+        # every combination at once by outer sums (row-major, the order of ``combos``)
+        flat_e, flat_d = e[0], d[0]
+        for i in range(1, nc):
+            flat_e = (flat_e[..., None] + e[i]).ravel()
+            flat_d = (flat_d[..., None] + d[i]).ravel()
         sw = self.power.switch_j + 1e-7  # tie-break against needless switches
-        flat_e += sw * (self.changes + self.first_change[self._target(t_ns)])
-        feasible = flat_d <= budget
-        if feasible.any():
-            best = int(np.argmin(np.where(feasible, flat_e, np.inf)))
-        else:
-            best = int(np.argmin(flat_d))
+        flat_e = flat_e + self.switch_cost[self._target(t_ns)] * sw
+        masked = np.where(flat_d <= budget, flat_e, np.inf)
+        best = int(masked.argmin())
+        if masked[best] == np.inf:  # nothing meets the budget: the fastest plan
+            best = int(flat_d.argmin())
         self._margin_ns = max(0.0, budget - float(flat_d[best])) + tube
         levels = self.combos[best]
         first = int(levels[0])

@@ -1,5 +1,7 @@
 """A synthetic gemma-3-270m-like trace, as Segments, until a real recording exists.
 
+Used by the control tests, ``bench/decision_time.py`` and ``control.compare``.
+
 Model shape (gemma-3-270m, from its GGUF metadata): 18 layers, width 640, 4 query
 heads and 1 KV head of size 256, FFN 2048, vocabulary 262144 with tied embeddings.
 Weight types follow Q4_K_M (Q4_K mostly, Q6_K for attn_v/ffn_down and the tied
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from turboinfer_llama.engine.events import NodeShape, StallKind
-from turboinfer_llama.engine.segments import Segment
+from ..engine.events import NodeShape, StallKind
+from ..engine.segments import Segment
 
 F32, F16, Q4_K, Q6_K, I32 = 0, 1, 12, 14, 26
 
