@@ -1,0 +1,88 @@
+"""Workload model: RLS identification, compute-bound fraction, sweet spot, intensity."""
+
+import numpy as np
+import pytest
+
+from turboinfer_llama.control.model import Intensity, PhaseModel, PowerTable, WorkloadModel
+from turboinfer_llama.devices.base import Counters
+
+LEVELS = [305_000_000, 400_000_000, 490_000_000, 587_000_000, 670_000_000]
+
+
+def _graph(rng, n=40):
+    c = rng.uniform(1e3, 2e4, n)
+    m = rng.uniform(1e3, 2e4, n)
+    return c, m, np.ones(n)
+
+
+def test_rls_identifies_the_roofline_factors_across_frequencies():
+    rng = np.random.default_rng(0)
+    truth = PhaseModel(LEVELS[-1])
+    truth.theta = np.array([1.4, 0.8, 0.3, 2.0])
+    model = PhaseModel(LEVELS[-1], forget=0.98)
+    for _ in range(300):
+        c, m, ln = _graph(rng)
+        f = float(rng.choice(LEVELS))
+        t, _ = truth.level_times(c, m, ln, np.array([f]))
+        model.update(model.features(c, m, ln, f), float(t.sum()))
+    c, m, ln = _graph(rng)
+    got, _ = model.level_times(c, m, ln, np.array(LEVELS, dtype=float))
+    want, _ = truth.level_times(c, m, ln, np.array(LEVELS, dtype=float))
+    np.testing.assert_allclose(got.sum(axis=0), want.sum(axis=0), rtol=0.03)
+
+
+def test_compute_bound_fraction_rises_as_the_clock_drops():
+    wm = WorkloadModel(PowerTable.assumed(LEVELS))
+    c, m, ln = np.full(10, 5e3), np.full(10, 8e3), np.ones(10)
+    frac = wm.compute_bound_fraction("decode", c, m, ln)
+    assert frac[0] > frac[-1]
+    assert np.all((frac >= 0) & (frac <= 1))
+
+
+def test_sweet_spot_is_low_for_memory_bound_and_high_for_compute_bound_work():
+    power = PowerTable.assumed(LEVELS)
+    wm = WorkloadModel(power)
+    n = np.ones(10)
+    mem_bound = wm.sweet_spot_hz("decode", np.full(10, 1e3), np.full(10, 2e4), n)
+    # compute-bound work at a table where static power dominates: racing wins
+    hot = PowerTable(power.levels_hz, power.busy_w * 0 + 5.0 + 1e-10 * power.levels_hz,
+                     power.idle_w, 0.0, "test")
+    compute_bound = WorkloadModel(hot).sweet_spot_hz("decode", np.full(10, 2e4),
+                                                     np.full(10, 1e3), n)
+    assert mem_bound == LEVELS[0]
+    assert compute_bound == LEVELS[-1]
+
+
+def test_intensity_from_pmu_and_busy_fallback():
+    it = Intensity()
+    assert it.update(Counters(0, 0, 0, 0, 500_000_000)) is None
+    ipc = it.update(Counters(1_000_000, 500_000, 1_000_000, 250_000, 500_000_000))
+    assert ipc == pytest.approx(250_000 / (1e-3 * 500e6))
+    assert it.source == "pmu"
+    nopmu = Intensity()
+    nopmu.update(Counters(0, 0, 0, None, 1))
+    assert nopmu.update(Counters(10, 3, 10, None, 1)) == pytest.approx(0.3)
+    assert nopmu.source == "busy"
+
+
+def test_an_intensity_jump_reopens_the_estimator():
+    wm = WorkloadModel(PowerTable.assumed(LEVELS))
+    pm = wm.phases["decode"]
+    pm.P = pm.P * 0.01
+    for i in range(1, 6):
+        wm.observe_counters(Counters(i * 10**6, i * 5 * 10**5, i * 10**6, i * 10**5, 10**9),
+                            "decode")
+    assert wm.reopened == 0
+    wm.observe_counters(Counters(7 * 10**6, 4 * 10**6, 7 * 10**6, 9 * 10**5, 10**9), "decode")
+    assert wm.reopened == 1
+    np.testing.assert_allclose(pm.P, pm._p0)
+
+
+def test_power_table_from_the_simulator():
+    from turboinfer_llama.devices.sim import SimGpu
+
+    dev = SimGpu()
+    pt = PowerTable.from_device(dev)
+    assert list(pt.levels_hz) == dev.frequencies_hz()
+    assert np.all(np.diff(pt.busy_w) > 0) and np.all(pt.idle_w < pt.busy_w)
+    assert "simulated" in pt.source
