@@ -30,14 +30,15 @@ from ...engine.segments import Segment
 from ..base import Decision
 
 
-def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, str]]:
-    """The trace as the replay runs it: (block id, 'busy'|'gap', payload, phase) where
-    the payload is per-level kernel ns (array) or the gap's ns."""
+def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, str, Any]]:
+    """The trace as the replay runs it: (block id, 'busy'|'gap', payload, phase,
+    anchor) where the payload is per-level kernel ns (array) or the gap's ns, and the
+    anchor names the event that marks the item's start (None if no event does)."""
     levels = dev.frequencies_hz()
     timed = all(s.timed for s in segments if s.kind == "kernel")
     host_ns = dev.profile.host_submission_ns
     cache: dict[tuple[float, float], np.ndarray] = {}
-    out: list[tuple[int, str, Any, str]] = []
+    out: list[tuple[int, str, Any, str, Any]] = []
     block = -1
     key: tuple[Any, ...] | None = None
     for s in segments:
@@ -54,14 +55,19 @@ def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, s
             block += 1
             key = k
         if s.kind == "stall":
-            out.append((block, "gap", int(s.dur_ns), s.phase))
+            anchor = None
+            if s.stall is StallKind.SUBMIT:
+                anchor = ("begin", s.graph)
+            elif s.stall is StallKind.SAMPLE:
+                anchor = ("end", s.graph)
+            out.append((block, "gap", int(s.dur_ns), s.phase, anchor))
             continue
         if not timed:
-            out.append((block, "gap", host_ns, s.phase))
+            out.append((block, "gap", host_ns, s.phase, None))
         ck = (c.flops, c.bytes)
         if ck not in cache:
             cache[ck] = np.array([dev.kernel_ns(c.flops, c.bytes, h) for h in levels])
-        out.append((block, "busy", cache[ck], s.phase))
+        out.append((block, "busy", cache[ck], s.phase, ("node", s.graph, s.node)))
     return out
 
 
@@ -105,7 +111,7 @@ class Oracle:
         e = np.zeros((n_blocks, L))
         phase_of = [""] * n_blocks
         idle_for = 0.0
-        for b, kind, val, phase in items:
+        for b, kind, val, phase, _ in items:
             phase_of[b] = phase
             if kind == "busy":
                 t[b] += val
@@ -118,9 +124,8 @@ class Oracle:
                 idle_for += val
         self.block_t, self.block_e = t, e
         self._items = items
-        self.decisions: list[Decision] = []
         self._t0: int | None = None
-        self._ats: list[int] = []
+        self._offset = 0.0
         # one budget per phase (TTFT and TPOT each within the slack); blocks of
         # different phases do not interact, so each phase is its own problem
         groups = {ph: np.array([i for i, q in enumerate(phase_of) if q == ph]) for ph in
@@ -130,6 +135,7 @@ class Oracle:
         for _ in range(refine + 1):
             for ph, idx in groups.items():
                 self.schedule[idx] = self._solve(t[idx], e[idx], targets[ph])
+            self._timeline()
             # check by replay; tighten each phase by any overshoot (under 1%)
             got = _phase_times(replay(segments, self, device_factory()))
             self._t0 = None
@@ -180,35 +186,58 @@ class Oracle:
                 lo = mid
         return best
 
-    def _timeline(self, t0: int) -> list[Decision]:
-        """Issue times: one switch latency before each block whose level changes."""
+    def _timeline(self) -> None:
+        """The schedule on the oracle's own clock (0 = first request): switch issue
+        times, one switch latency before each block whose level changes, and the
+        predicted start of every event that anchors it to the run."""
         sched = self.schedule
         block_start: dict[int, float] = {}
-        now = float(t0)
-        for b, kind, val, _ in self._items:
+        self._anchor_ns: dict[Any, float] = {}
+        now = 0.0
+        for b, kind, val, _, anchor in self._items:
             block_start.setdefault(b, now)
+            if anchor is not None:
+                self._anchor_ns.setdefault(anchor, now)
             now += float(val[sched[b]]) if kind == "busy" else float(val)
-        out = []
+        self._rel: list[tuple[float, int]] = []
         prev = None
         for b in range(len(sched)):
             lvl = int(sched[b])
             if lvl != prev:
-                at = max(t0, int(block_start[b]) - self.s_ns)
-                out.append(Decision(self.levels[lvl], at, "oracle"))
+                self._rel.append((block_start[b] - self.s_ns, self.levels[lvl]))
                 prev = lvl
-        return out
+        self._rel_at = [r[0] for r in self._rel]
 
     def on_event(self, event: Event) -> Decision | None:
-        if self._t0 is None and event.kind is EventKind.REQUEST_BEGIN:
+        """Re-anchor the schedule on each event, so model error cannot accumulate
+        into switches landing in the wrong block; a shift of over 10 us re-publishes."""
+        if self._t0 is None:
+            if event.kind is not EventKind.REQUEST_BEGIN:
+                return None
             self._t0 = event.t_ns
-            self.decisions = self._timeline(event.t_ns)
-            self._ats = [d.at_ns for d in self.decisions]
-            first = self.decisions[0]
-            return Decision(first.freq_hz, event.t_ns, "oracle")
-        return None
+            self._offset = 0.0
+            return Decision(self._rel[0][1], event.t_ns, "oracle")
+        k = event.kind
+        key: Any = None
+        if k is EventKind.NODE_ASK:
+            key = ("node", event.graph, event.node)
+        elif k is EventKind.DECODE_BEGIN:
+            key = ("begin", event.graph)
+        elif k is EventKind.SAMPLE_BEGIN:
+            key = ("end", event.graph)
+        pred = self._anchor_ns.get(key) if key is not None else None
+        if pred is None:
+            return None
+        offset = event.t_ns - self._t0 - pred
+        if abs(offset - self._offset) <= 10_000:
+            return None
+        self._offset = offset
+        i = bisect.bisect_right(self._rel_at, event.t_ns - self._t0 - offset) - 1
+        return Decision(self._rel[max(i, 0)][1], event.t_ns, "oracle: re-anchor")
 
     def plan(self, now_ns: int) -> list[Decision]:
         if self._t0 is None:
             return []
-        i = bisect.bisect_left(self._ats, now_ns)
-        return self.decisions[i : i + 256]
+        base = self._t0 + self._offset
+        i = bisect.bisect_left(self._rel_at, now_ns - base)
+        return [Decision(hz, int(base + at), "oracle") for at, hz in self._rel[i : i + 128]]
