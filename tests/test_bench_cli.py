@@ -22,8 +22,20 @@ def _bench(*args: str) -> int:
 def recorded(tiny_gguf, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bench")
     rec, js = out / "rec.json", out / "report.json"
-    rc = _bench("--model", str(tiny_gguf), *FAST, "--all", "--record", str(rec),
-                "--json", str(js), "--csv", str(out / "t.csv"), "--trace", str(out / "trace.json"))
+    rc = _bench(
+        "--model",
+        str(tiny_gguf),
+        *FAST,
+        "--all",
+        "--record",
+        str(rec),
+        "--json",
+        str(js),
+        "--csv",
+        str(out / "t.csv"),
+        "--trace",
+        str(out / "trace.json"),
+    )
     assert rc == 0
     return rec, json.loads(js.read_text())
 
@@ -33,9 +45,18 @@ def test_json_schema(recorded):
     assert report["version"] == 1 and report["simulated"] is True
     assert report["device"] == "sim:adreno650"
     assert set(report["controllers"]) == {"default", "max", "reactive", "ztt", "tmpc", "oracle"}
-    keys = {"energy_per_token_j", "avg_power_w", "ttft_ms", "tpot_ms", "tokens_per_s",
-            "energy_saving_vs_default", "latency_change_vs_default", "oracle_fraction",
-            "switches_per_s", "decision_us_median"}
+    keys = {
+        "energy_per_token_j",
+        "avg_power_w",
+        "ttft_ms",
+        "tpot_ms",
+        "tokens_per_s",
+        "energy_saving_vs_default",
+        "latency_change_vs_default",
+        "oracle_fraction",
+        "switches_per_s",
+        "decision_us_median",
+    }
     for row in report["controllers"].values():
         assert keys <= set(row)
         assert row["energy_per_token_j"] > 0 and row["tpot_ms"] > 0
@@ -59,8 +80,10 @@ def test_replay_is_byte_identical(recorded, tmp_path):
     outs = []
     for i in range(2):
         js = tmp_path / f"r{i}.json"
-        assert _bench("--replay", str(rec), "--all", "--seed", "3", "--no-timing",
-                      "--json", str(js)) == 0
+        assert (
+            _bench("--replay", str(rec), "--all", "--seed", "3", "--no-timing", "--json", str(js))
+            == 0
+        )
         outs.append(js.read_bytes())
     assert outs[0] == outs[1]
     assert json.loads(outs[0])["controllers"]["tmpc"]["decision_us_median"] is None
@@ -91,7 +114,9 @@ def test_argument_errors_one_line(args, needle, tiny_gguf):
         argv += ["--model", str(tiny_gguf)]
     proc = subprocess.run(
         [sys.executable, "-m", "turboinfer_llama.cli", *argv],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
     err = proc.stderr.strip().splitlines()
@@ -110,8 +135,23 @@ def test_prompts_file_and_live_ab(tmp_path, tiny_gguf):
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello the world\n\nthe world is\n")
     js = tmp_path / "r.json"
-    assert _bench("--model", str(tiny_gguf), "--max-tokens", "6", "--n-ctx", "256",
-                  "--live-rounds", "2", "--prompts", str(prompts), "--json", str(js)) == 0
+    assert (
+        _bench(
+            "--model",
+            str(tiny_gguf),
+            "--max-tokens",
+            "6",
+            "--n-ctx",
+            "256",
+            "--live-rounds",
+            "2",
+            "--prompts",
+            str(prompts),
+            "--json",
+            str(js),
+        )
+        == 0
+    )
     report = json.loads(js.read_text())
     assert report["prompts"] == 2
     live = report["live"]

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import weakref
+from pathlib import Path
 
 import llama_cpp
 import numpy as np
@@ -19,7 +20,8 @@ GREEDY = {"max_tokens": 16, "temperature": 0.0, "seed": 1}
 
 
 def _plain(path, **kw):
-    return contextlib.closing(llama_cpp.Llama(model_path=str(path), n_ctx=256, verbose=False, seed=1, **kw))
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, verbose=False, seed=1, **kw)
+    return contextlib.closing(llm)
 
 
 def _ours(path, power=None, **kw):
@@ -224,7 +226,7 @@ def test_export_trace(tiny_gguf, tmp_path):
     with _ours(tiny_gguf, {"granularity": "kernel"}) as llm:
         llm.create_completion(PROMPT, **GREEDY)
         path = llm.power.export_trace(tmp_path / "t.json")
-    doc = json.loads(open(path).read())
+    doc = json.loads(Path(path).read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
     assert "MUL_MAT" in names and "sample" in names and "submit" in names
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]

@@ -146,40 +146,58 @@ def _by_request(segments: list[Segment]) -> list[list[Segment]]:
 
 
 class RealDeviceControl:
-    """The controller acting on real hardware at event boundaries."""
+    """The controller acting on real hardware at event boundaries.
 
-    def __init__(self, settings: PowerSettings, device: GpuDevice) -> None:
+    ``owns_device``: close (and so restore) the device on ``close()``; False when the
+    caller lends a device it will close itself (the benchmark, across controllers).
+    """
+
+    def __init__(
+        self,
+        settings: PowerSettings,
+        device: GpuDevice,
+        controller: str | None = None,
+        *,
+        owns_device: bool = True,
+    ) -> None:
         from .control.governor import Governor
 
         self.device = device
-        controller = make_controller(
-            settings.controller, **for_device(device), latency_slack=settings.latency_slack
+        self.owns_device = owns_device
+        ctrl = make_controller(
+            controller or settings.controller,
+            **for_device(device),
+            latency_slack=settings.latency_slack,
         )
-        self.governor = Governor(controller, device)
+        self.governor = Governor(ctrl, device).start()
 
     def on_event(self, event: Event) -> None:
         self.governor.on_event(event)
 
     def summary(self) -> dict[str, Any]:
         d = self.device
+        health = self.governor.health()
         out: dict[str, Any] = {
-            "simulated": False,
+            "simulated": bool(d.capabilities.simulated),
             "device": d.name,
-            "controller": getattr(self.governor.controller, "name", "?"),
-            "health": self.governor.health(),
+            "controller": health["controller"],
+            "switches": health["decisions_applied"],
+            "decision_us_median": health["decision_us_median"],
+            "health": {"ok": health["ok"], "last_error": health["error"], **health},
         }
         try:
             out["current_hz"] = d.current_hz()
         except DeviceError as e:
             out["current_hz"] = None
-            out["health"] = {**out["health"], "last_error": str(e)}
+            out["health"]["last_error"] = str(e)
         return out
 
     def close(self) -> None:
         try:
             self.governor.close()
         finally:
-            self.device.close()
+            if self.owns_device:
+                self.device.close()
 
 
 def attach(settings: PowerSettings) -> SimulatedAccount | RealDeviceControl | None:

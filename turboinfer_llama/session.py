@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._clock import now_ns
+from .devices.base import GpuDevice
 from .engine.events import Event, EventKind
 from .engine.hooks import EvalHook
 from .engine.segments import Segment
@@ -64,6 +65,18 @@ class PowerSession:
     def add_segment_sink(self, sink: SegmentSink) -> None:
         """Call ``sink(segments)`` with every batch of newly derived segments."""
         self._sinks.append(sink)
+
+    def control(self, device: GpuDevice, controller: str | None = None) -> None:
+        """Drive a device you opened (and will close) with ``controller`` (default: the
+        settings'), replacing the current device wiring. Used by the benchmark on real
+        hardware, where one device serves several controllers in turn."""
+        self.materialize()
+        old, self.live, self._real = self.live, None, None
+        if old is not None:
+            old.close()
+        live = RealDeviceControl(self.settings, device, controller, owns_device=False)
+        self.live = live
+        self._real = live
 
     @property
     def hook(self) -> EvalHook | None:
@@ -164,7 +177,7 @@ class PowerSession:
                 "overflow": hook.overflow if hook else 0,
                 "attached": hook is not None,
             },
-            "device": self.settings.device if self.live else None,
+            "device": energy.get("device") if energy else None,
             "controller": self.settings.controller,
             "energy": energy,
         }

@@ -14,7 +14,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 Granularity = Literal["graph", "layer", "kernel"]
 GRANULARITIES: tuple[str, ...] = ("graph", "layer", "kernel")
 # Live controllers; "none" observes only. The offline oracle is a benchmark baseline.
-LIVE_CONTROLLERS: tuple[str, ...] = ("tmpc", "default", "max", "static:<hz>", "reactive", "ztt", "none")
+LIVE_CONTROLLERS: tuple[str, ...] = (
+    "tmpc",
+    "default",
+    "max",
+    "static:<hz>",
+    "reactive",
+    "ztt",
+    "none",
+)
 
 
 class PowerSettings(BaseSettings):

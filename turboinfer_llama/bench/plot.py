@@ -39,7 +39,7 @@ def write_plot(path: str | Path, report: dict[str, Any], intervals: dict[str, li
         len(names) + 1, 1, figsize=(11, 2.6 * (len(names) + 1)), constrained_layout=True
     )
     axes = list(axes) if len(names) else [axes]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=False):  # the last axis holds the bars
         iv = _stretch(intervals[name])
         if not iv:
             continue

@@ -90,21 +90,42 @@ def write_trace(
         end = next((iv[0] for iv in ivs if iv[4] == "idle" and iv[0] > ivs[0][0]), None)
         ivs = [iv for iv in ivs if end is None or iv[0] < end]
         events.append(
-            {"ph": "M", "pid": pid, "name": "process_name",
-             "args": {"name": f"{name} on {report['device']} ({label}, virtual time)"}}
+            {
+                "ph": "M",
+                "pid": pid,
+                "name": "process_name",
+                "args": {"name": f"{name} on {report['device']} ({label}, virtual time)"},
+            }
         )
         for t, dt, hz, state, phase, e in ivs:
             events.append(
-                {"ph": "X", "pid": pid, "tid": 1, "name": state, "ts": t / 1e3, "dur": dt / 1e3,
-                 "args": {"phase": phase, "freq_mhz": hz / 1e6, "energy_uj": e * 1e6}}
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 1,
+                    "name": state,
+                    "ts": t / 1e3,
+                    "dur": dt / 1e3,
+                    "args": {"phase": phase, "freq_mhz": hz / 1e6, "energy_uj": e * 1e6},
+                }
             )
             events.append(
-                {"ph": "C", "pid": pid, "name": "freq_mhz", "ts": t / 1e3,
-                 "args": {"freq_mhz": hz / 1e6}}
+                {
+                    "ph": "C",
+                    "pid": pid,
+                    "name": "freq_mhz",
+                    "ts": t / 1e3,
+                    "args": {"freq_mhz": hz / 1e6},
+                }
             )
             power = e / (dt * 1e-9) if dt else 0.0
             events.append(
-                {"ph": "C", "pid": pid, "name": f"power_w ({label})", "ts": t / 1e3,
-                 "args": {"power_w": power}}
+                {
+                    "ph": "C",
+                    "pid": pid,
+                    "name": f"power_w ({label})",
+                    "ts": t / 1e3,
+                    "args": {"power_w": power},
+                }
             )
     return write_chrome_trace(path, events, {"simulated": report["simulated"]})

@@ -20,7 +20,7 @@ from ..control.factory import CONTROLLER_NAMES, for_device, make_controller
 from ..control.replay import ReplayResult, replay
 from ..devices import open_device
 from ..devices.base import DeviceError
-from ..engine.events import Event
+from ..engine.events import Event, EventKind
 from ..engine.segments import Segment
 from ..engine.timeline import Timeline
 from ..trace.record import TraceFormatError, load_trace, save_trace
@@ -178,7 +178,7 @@ def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> d
     finally:
         on.close()
         off.close()
-    ratios = [a / b for a, b in zip(tps["on"], tps["off"]) if b > 0]
+    ratios = [a / b for a, b in zip(tps["on"], tps["off"], strict=True) if b > 0]
     return {
         "tokens_per_s_on": round(statistics.median(tps["on"]), 3),
         "tokens_per_s_off": round(statistics.median(tps["off"]), 3),
@@ -188,8 +188,95 @@ def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> d
     }
 
 
+def _latencies(events: list[Event]) -> tuple[list[int], list[int], int]:
+    """(TTFT ns per request, inter-token gaps ns, requests) from live events."""
+    ttft: list[int] = []
+    gaps: list[int] = []
+    begin: int | None = None
+    last: int | None = None
+    requests = 0
+    for e in events:
+        if e.kind is EventKind.REQUEST_BEGIN:
+            begin, last = e.t_ns, None
+            requests += 1
+        elif e.kind is EventKind.TOKEN and begin is not None:
+            if last is None:
+                ttft.append(e.t_ns - begin)
+            else:
+                gaps.append(e.t_ns - last)
+            last = e.t_ns
+    return ttft, gaps, requests
+
+
+def live_on_device(
+    cfg: BenchConfig, model: str, device: Any, meter: Any, progress: Progress | None = None
+) -> dict[str, ReplayResult]:
+    """Real hardware: each controller drives ``device`` live over the same prompts while
+    ``meter`` measures the energy. The offline oracle cannot run live and is skipped."""
+    from ..llama import Llama
+
+    names = [n for n in cfg.controllers if n != "oracle"]
+    results: dict[str, ReplayResult] = {}
+    with Llama(
+        model_path=model,
+        n_ctx=cfg.n_ctx,
+        n_threads=cfg.threads,
+        seed=cfg.seed,
+        verbose=False,
+        power={
+            "granularity": cfg.granularity,
+            "controller": "none",
+            "latency_slack": cfg.latency_slack,
+        },
+    ) as llm:
+        power = llm.power
+        assert power is not None
+        for i, name in enumerate(names):
+            power.control(device, name)
+            first = len(power.timeline)
+            meter.begin_window(name)
+            for _ in range(cfg.repeats):
+                for prompt in cfg.prompts:
+                    llm.reset()
+                    llm.create_completion(
+                        prompt, max_tokens=cfg.max_tokens, temperature=0.0, seed=cfg.seed
+                    )
+            m = meter.end_window(name)
+            summary = power.energy() or {}
+            events = power.timeline.events()[first:]
+            ttft, gaps, requests = _latencies(events)
+            tokens = sum(1 for e in events if e.kind is EventKind.TOKEN)
+            switches = int(summary.get("switches") or 0)
+            results[name] = ReplayResult(
+                controller=name,
+                device=device.name,
+                tokens=tokens,
+                requests=requests,
+                energy_j=m.energy_j,
+                energy_per_token_j=m.energy_j / tokens if tokens else 0.0,
+                duration_s=m.duration_s,
+                ttft_ms=statistics.fmean(ttft) / 1e6 if ttft else 0.0,
+                tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else 0.0,
+                tokens_per_s=tokens / m.duration_s if m.duration_s else 0.0,
+                switches=switches,
+                switches_per_s=switches / m.duration_s if m.duration_s else 0.0,
+                decisions=0,
+                decision_us_median=float(summary.get("decision_us_median") or 0.0),
+                decision_us_p99=0.0,
+                granularity=cfg.granularity,
+                simulated=m.simulated,
+            )
+            if progress:
+                progress("live controllers", i + 1, len(names))
+    return results
+
+
 def build_report(
-    cfg: BenchConfig, model: str, results: dict[str, ReplayResult], live: dict[str, Any] | None
+    cfg: BenchConfig,
+    model: str,
+    results: dict[str, ReplayResult],
+    live: dict[str, Any] | None,
+    meter_source: str = "",
 ) -> dict[str, Any]:
     simulated = all(r.simulated for r in results.values()) if results else True
     base = results.get("default")
@@ -225,7 +312,7 @@ def build_report(
         "simulated": simulated,
         "energy_source": "simulated (device model, see devices/profiles)"
         if simulated
-        else "measured",
+        else f"measured ({meter_source})",
         "model": Path(model).name if model else None,
         "prompts": len(cfg.prompts),
         "repeats": cfg.repeats,
@@ -239,10 +326,12 @@ def build_report(
     }
 
 
-def preflight(cfg: BenchConfig) -> str:
+def preflight(cfg: BenchConfig, *, device: Any = None) -> str:
     """Check everything the user named before any long work; returns the model path."""
     check_controllers(cfg.controllers)
     model = "" if cfg.replay else resolve_model(cfg.model)
+    if device is not None:
+        return model
     try:
         probe = open_device(cfg.device)
     except (DeviceError, ValueError) as e:
@@ -251,17 +340,52 @@ def preflight(cfg: BenchConfig) -> str:
     probe.close()
     if not simulated:
         raise BenchError(
-            f"device {cfg.device!r} is real hardware: replay needs the simulator; use "
-            "`turboinfer android bench` or the live governor (docs: README 'On a phone')"
+            f"device {cfg.device!r} is real hardware: give it an energy meter "
+            "(`turboinfer bench --device ... --meter ...`, or `turboinfer android bench`)"
         )
     return model
 
 
+def config_from_options(**options: Any) -> BenchConfig:
+    """A BenchConfig from keyword options (``controller=`` adds one to ``default``)."""
+    controller = options.pop("controller", None)
+    cfg = BenchConfig(**options)
+    if controller:
+        cfg.controllers = ["default", controller] if controller != "default" else ["default"]
+    return cfg
+
+
 def run_bench(
-    cfg: BenchConfig, progress: Progress | None = None, *, live: bool = True
+    cfg: BenchConfig | None = None,
+    progress: Progress | None = None,
+    *,
+    live: bool = True,
+    device: Any = None,
+    meter: Any = None,
+    **options: Any,
 ) -> BenchOutcome:
-    """The whole benchmark. On Ctrl-C, returns what is done with ``interrupted=True``."""
-    model = preflight(cfg)
+    """The whole benchmark. On Ctrl-C, returns what is done with ``interrupted=True``.
+
+    With ``device`` (an open real ``GpuDevice``) and ``meter``, every controller runs
+    live on the hardware and the energy is the meter's (measured). Otherwise the trace
+    is recorded once and replayed on the simulated ``cfg.device``.
+    """
+    cfg = cfg or config_from_options(**options)
+    model = preflight(cfg, device=device)
+    if device is not None:
+        if meter is None:
+            raise BenchError("a real device needs an energy meter (--meter battery|rapl|...)")
+        interrupted = False
+        measured: dict[str, ReplayResult] = {}
+        try:
+            measured = live_on_device(cfg, model, device, meter, progress)
+        except KeyboardInterrupt:
+            interrupted = True
+        source = getattr(meter, "source", None) or type(meter).__name__
+        report = build_report(cfg, model, measured, None, meter_source=str(source))
+        report["device"] = device.name
+        report["interrupted"] = interrupted
+        return BenchOutcome(report, measured, [], {}, interrupted)
     results: dict[str, ReplayResult] = {}
     intervals: dict[str, list[Any]] = {}
     segments: list[Segment] = []

@@ -37,17 +37,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_CONTROLLERS),
         help=f"comma-separated (default {','.join(DEFAULT_CONTROLLERS)})",
     )
+    p.add_argument(
+        "--meter",
+        help="energy meter for a real device: battery[:supply], rapl[:zone], nvml[:index], "
+        "monsoon[:serial] (a simulated device is metered by the simulator)",
+    )
     p.add_argument("--all", action="store_true", help=f"run {','.join(ALL_CONTROLLERS)}")
     p.add_argument("--latency-slack", type=float, default=0.02, help="fraction (default 0.02)")
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--granularity", choices=("graph", "layer", "kernel"), default="kernel",
+        "--granularity",
+        choices=("graph", "layer", "kernel"),
+        default="kernel",
         help="hook granularity while recording (default kernel)",
     )
     p.add_argument("--live-rounds", type=int, default=3, help="live on/off A/B rounds (0: skip)")
-    p.add_argument("--no-timing", action="store_true",
-                   help="omit wall-clock decision times so the JSON is byte-reproducible")
+    p.add_argument(
+        "--no-timing",
+        action="store_true",
+        help="omit wall-clock decision times so the JSON is byte-reproducible",
+    )
     p.add_argument("--json", dest="json_path", help="write the report as JSON")
     p.add_argument("--csv", dest="csv_path", help="write the table as CSV")
     p.add_argument("--plot", dest="plot_path", help="write a PNG figure (needs the plot extra)")
@@ -73,51 +83,116 @@ def _positive(value: int, flag: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from ..bench.prompts import PromptsError, load_prompts
-    from ..bench.report import live_line, table, write_csv, write_trace
-    from ..bench.runner import ALL_CONTROLLERS, BenchConfig, BenchError, preflight, run_bench
+    from ..bench.runner import ALL_CONTROLLERS, BenchConfig
 
-    for v, f in ((args.max_tokens, "--max-tokens"), (args.n_ctx, "--n-ctx"),
-                 (args.repeats, "--repeats")):
+    for v, f in (
+        (args.max_tokens, "--max-tokens"),
+        (args.n_ctx, "--n-ctx"),
+        (args.repeats, "--repeats"),
+    ):
         _positive(v, f)
     if not 0 <= args.latency_slack <= 1:
         raise CliError(f"--latency-slack must be within 0..1, got {args.latency_slack}")
-    for path, flag in ((args.json_path, "--json"), (args.csv_path, "--csv"),
-                       (args.plot_path, "--plot"), (args.trace_path, "--trace"),
-                       (args.record, "--record")):
+    for path, flag in (
+        (args.json_path, "--json"),
+        (args.csv_path, "--csv"),
+        (args.plot_path, "--plot"),
+        (args.trace_path, "--trace"),
+        (args.record, "--record"),
+    ):
         _check_writable(path, flag)
     if args.plot_path:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise CliError("--plot needs matplotlib: pip install 'turboinfer-llama[plot]'") from None
+            raise CliError(
+                "--plot needs matplotlib: pip install 'turboinfer-llama[plot]'"
+            ) from None
     try:
         prompts = load_prompts(args.prompts)
     except PromptsError as e:
         raise CliError(str(e)) from e
-    controllers = list(ALL_CONTROLLERS) if args.all else [
-        c.strip() for c in args.controllers.split(",") if c.strip()
-    ]
+    controllers = (
+        list(ALL_CONTROLLERS)
+        if args.all
+        else [c.strip() for c in args.controllers.split(",") if c.strip()]
+    )
     if "default" not in controllers:
         controllers.insert(0, "default")  # every figure is relative to it
     cfg = BenchConfig(
-        model=args.model, prompts=prompts, max_tokens=args.max_tokens, n_ctx=args.n_ctx,
-        threads=args.threads, device=args.device, controllers=controllers,
-        latency_slack=args.latency_slack, repeats=args.repeats, seed=args.seed,
-        granularity=args.granularity, live_rounds=args.live_rounds, record=args.record,
-        replay=args.replay, timing=not args.no_timing,
+        model=args.model,
+        prompts=prompts,
+        max_tokens=args.max_tokens,
+        n_ctx=args.n_ctx,
+        threads=args.threads,
+        device=args.device,
+        controllers=controllers,
+        latency_slack=args.latency_slack,
+        repeats=args.repeats,
+        seed=args.seed,
+        granularity=args.granularity,
+        live_rounds=args.live_rounds,
+        record=args.record,
+        replay=args.replay,
+        timing=not args.no_timing,
     )
+    device, meter = _open_hardware(args.device, args.meter)
     try:
-        preflight(cfg)
+        return _run(args, cfg, device, meter)
+    finally:
+        if meter is not None and hasattr(meter, "close"):
+            meter.close()
+        if device is not None:
+            device.close()  # restores governor, min and max
+
+
+def _open_hardware(spec: str, meter_spec: str | None) -> tuple[Any, Any]:
+    """(device, meter) for a real device; (None, None) for the simulator."""
+    from ..devices import open_device
+    from ..devices.base import DeviceError
+    from ..power import open_meter
+
+    if spec.startswith("sim") and meter_spec in (None, "sim"):
+        return None, None
+    try:
+        device = open_device(spec)
+    except (DeviceError, ValueError) as e:
+        raise CliError(f"device {spec!r}: {e}") from e
+    if device.capabilities.simulated:
+        device.close()
+        if meter_spec not in (None, "sim"):
+            raise CliError("a simulated device is metered by the simulator; drop --meter")
+        return None, None
+    if not meter_spec:
+        device.close()
+        raise CliError(f"device {spec!r} is real hardware: name an energy meter with --meter")
+    try:
+        meter = open_meter(meter_spec, device=device)
+    except (DeviceError, ValueError) as e:
+        device.close()
+        raise CliError(f"meter {meter_spec!r}: {e}") from e
+    return device, meter
+
+
+def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from ..bench.report import live_line, table, write_csv, write_trace
+    from ..bench.runner import BenchError, preflight, run_bench
+
+    try:
+        preflight(cfg, device=device)
     except BenchError as e:
         raise CliError(str(e)) from e
     console = Console(stderr=False)
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        console=Console(stderr=True), transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+        transient=True,
     ) as bar:
         tasks: dict[str, Any] = {}
 
@@ -127,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(tasks[stage], completed=done)
 
         try:
-            outcome = run_bench(cfg, progress)
+            outcome = run_bench(cfg, progress, device=device, meter=meter)
         except BenchError as e:
             raise CliError(str(e)) from e
     report = outcome.report

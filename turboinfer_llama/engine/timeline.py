@@ -216,7 +216,7 @@ class Timeline:
             timed = False
         out = []
         t = t0
-        for ev, dur in zip(run, shares):
+        for ev, dur in zip(run, shares, strict=True):
             out.append(
                 Segment(
                     kind="kernel",
