@@ -25,6 +25,7 @@ from .control.factory import for_device, make_controller
 from .control.replay import replay
 from .devices import open_device
 from .devices.base import DeviceError, GpuDevice
+from .devices.sim import SimGpu
 from .engine.events import Event, StallKind
 from .engine.segments import Segment
 from .settings import PowerSettings
@@ -37,9 +38,9 @@ RECENT_REQUESTS = 32
 class SimulatedAccount:
     """Controller + simulator in virtual time, fed with completed requests."""
 
-    def __init__(self, settings: PowerSettings, device: Any) -> None:
+    def __init__(self, settings: PowerSettings, device: SimGpu) -> None:
         self.device = device
-        self.shadow = open_device(device.name)
+        self.shadow = SimGpu(device.profile)
         self.controller = make_controller(
             settings.controller, **for_device(device), latency_slack=settings.latency_slack
         )
@@ -206,7 +207,7 @@ def attach(settings: PowerSettings) -> SimulatedAccount | RealDeviceControl | No
         return None
     device = open_device(settings.device)
     try:
-        if device.capabilities.simulated:
+        if isinstance(device, SimGpu):
             return SimulatedAccount(settings, device)
         return RealDeviceControl(settings, device)
     except BaseException:

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'granularity':<12}{'native':<8}{'median ratio':>14}{'target':>8}  verdict")
     for g, rs in ratios.items():
         med = statistics.median(rs)
-        native = ours[g].power.hook.native if ours[g].power and ours[g].power.hook else False
+        session = ours[g].power
+        native = bool(session and session.hook and session.hook.native)
         verdict = "ok" if med >= TARGETS[g] else "BELOW TARGET"
         print(f"{g:<12}{native!s:<8}{med:>14.3f}{TARGETS[g]:>8.2f}  {verdict}")
     for llm in (plain, *ours.values()):

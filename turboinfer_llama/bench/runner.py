@@ -161,7 +161,12 @@ def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> d
     """Interleaved A B A B rounds of power saving on vs off; decode tokens/s."""
     from ..llama import Llama
 
-    common = {"model_path": model, "n_ctx": cfg.n_ctx, "n_threads": cfg.threads, "verbose": False}
+    common: dict[str, Any] = {
+        "model_path": model,
+        "n_ctx": cfg.n_ctx,
+        "n_threads": cfg.threads,
+        "verbose": False,
+    }
     on = Llama(**common, power={"device": cfg.device, "latency_slack": cfg.latency_slack})
     off = Llama(**common, power_saving=False)
     tps: dict[str, list[float]] = {"on": [], "off": []}
