@@ -86,7 +86,7 @@ class Oracle:
         *,
         latency_slack: float = 0.02,
         budgets_ns: dict[str, float] | None = None,
-        refine: int = 3,
+        refine: int = 5,
     ) -> None:
         from ..replay import replay
         from .simple import DefaultGovernor
@@ -145,7 +145,7 @@ class Oracle:
                 break
             for ph, v in over.items():
                 if v > 0:
-                    targets[ph] -= v
+                    targets[ph] -= 1.5 * v
         rows = np.arange(n_blocks)
         self.energy_j = float(e[rows, self.schedule].sum())
         self.time_ns = float(t[rows, self.schedule].sum())
@@ -216,7 +216,9 @@ class Oracle:
                 return None
             self._t0 = event.t_ns
             self._offset = 0.0
-            return Decision(self._rel[0][1], event.t_ns, "oracle")
+            # switches that should have been issued before the run began: the last wins
+            i = max(bisect.bisect_right(self._rel_at, 0.0) - 1, 0)
+            return Decision(self._rel[i][1], event.t_ns, "oracle")
         k = event.kind
         key: Any = None
         if k is EventKind.NODE_ASK:
