@@ -25,7 +25,8 @@ def test_defaults_loopback_power_saving_and_auto_device(server):
     doc = server.power()
     assert doc["power_saving"] is True
     assert doc["device"]["spec"] == "auto"
-    assert "power saving on (device auto" in server.output
+    assert "power saving on, simulated GPU" in server.output
+    assert "falling back to the simulated GPU" in server.output
 
 
 def test_models_lists_the_alias(server):
@@ -118,7 +119,7 @@ def test_power_document(server):
     assert doc["object"] == "power" and doc["model"] == MODEL
     for key in ("simulated", "device", "controller", "energy", "stalls", "hook", "requests"):
         assert key in doc
-    assert set(doc["device"]) >= {"spec", "name", "simulated", "freq_hz", "power_w"}
+    assert set(doc["device"]) >= {"spec", "name", "simulated", "freq_hz", "avg_power_w"}
     assert set(doc["controller"]) >= {"name", "healthy", "last_error", "switches"}
     assert set(doc["energy"]) >= {"energy_j", "saved_j", "baseline_j", "simulated"}
     assert doc["controller"]["name"]

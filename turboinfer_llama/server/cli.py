@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..commands import CliError
 from ..devices import DeviceError, parse_spec
-from . import adapter
+from . import adapter, telemetry
 from .settings import (
     TurboConfigFileSettings,
     TurboModelSettings,
@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON or YAML file with server settings and a list of models (each may carry "
         "the power settings). Also read from the CONFIG_FILE environment variable.",
     )
+    parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
 
 
 def _one_line(e: ValidationError) -> str:
@@ -110,12 +111,33 @@ def settings_from_args(
     return server, models
 
 
+def _log_power(default: TurboModelSettings) -> None:
+    alias, llm = adapter.loaded_model()
+    power = getattr(llm, "power", None)
+    if power is None:
+        log.info("model %s: power saving off (plain llama-cpp-python)", alias)
+        return
+    r = telemetry.power_report(power)
+    dev, ctl = r["device"], r["controller"]
+    where = "simulated GPU" if r["simulated"] else "real GPU" if r["simulated"] is False else "GPU"
+    log.info(
+        "model %s: power saving on, %s %s (--device %s), controller %s",
+        alias,
+        where,
+        dev["name"] or "(none opened)",
+        default.device,
+        ctl["name"],
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Load the model(s) and serve until SIGTERM/SIGINT; the GPU is restored on the way out."""
     import uvicorn
 
     from .app import create_app
 
+    # A server reports its start, its model and its requests; the CLI's default is quieter.
+    log.setLevel(logging.DEBUG if getattr(args, "debug", False) else logging.INFO)
     server_settings, models = settings_from_args(args)
     try:
         app = create_app(server_settings, models)
@@ -123,15 +145,7 @@ def serve(args: argparse.Namespace) -> int:
         raise CliError(f"GPU device: {e}") from e
     except ValueError as e:
         raise CliError(f"could not load the model: {e}") from e
-    for m in models:
-        state = "on" if m.power_saving else "off"
-        log.info(
-            "model %s: power saving %s (device %s, controller %s)",
-            m.model_alias or m.model,
-            state,
-            m.device,
-            m.controller,
-        )
+    _log_power(models[0])
     if (
         server_settings.host not in ("127.0.0.1", "localhost", "::1")
         and not server_settings.api_key
@@ -146,7 +160,7 @@ def serve(args: argparse.Namespace) -> int:
         port=server_settings.port,
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
-        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+        log_level="debug" if getattr(args, "debug", False) else "info",
     )
     try:
         uvicorn.Server(config).run()

@@ -91,10 +91,13 @@ class RequestLedger:
 
 
 class MeteredLlama(Llama):
-    """Our ``Llama`` charging each generation's (and embedding's) energy to the request."""
+    """Our ``Llama`` counting each request's tokens and, for a non-streaming request,
+    charging it the energy the session accounts between its start and end.
 
-    def _energy(self) -> tuple[float | None, bool | None]:
-        return energy_reading(self.power)
+    Streaming requests skip the energy reads: with a simulated device a read replays the
+    finished requests on the simulator (``PowerSession.energy()``), which would sit
+    between tokens; their energy is in ``/v1/power`` (``energy.recent_requests``).
+    """
 
     def generate(
         self, tokens: Sequence[int], *args: Any, **kwargs: Any
@@ -104,7 +107,8 @@ class MeteredLlama(Llama):
         if rec is None:
             return (yield from inner)
         rec.prompt_tokens += len(tokens)
-        e0, _ = self._energy()
+        metered = not rec.stream and self.power is not None
+        e0 = energy_reading(self.power)[0] if metered else None
         try:
             token = next(inner)
             while True:
@@ -115,19 +119,9 @@ class MeteredLlama(Llama):
             pass
         finally:
             inner.close()
-            e1, simulated = self._energy()
-            rec.add_energy(e1 - e0 if e0 is not None and e1 is not None else None, simulated)
-
-    def embed(self, *args: Any, **kwargs: Any) -> Any:
-        rec = CURRENT_REQUEST.get()
-        if rec is None:
-            return super().embed(*args, **kwargs)
-        e0, _ = self._energy()
-        try:
-            return super().embed(*args, **kwargs)
-        finally:
-            e1, simulated = self._energy()
-            rec.add_energy(e1 - e0 if e0 is not None and e1 is not None else None, simulated)
+            if metered:
+                e1, simulated = energy_reading(self.power)
+                rec.add_energy(e1 - e0 if e0 is not None and e1 is not None else None, simulated)
 
 
 def served_llama_class(power_saving: bool, power: PowerSettings) -> type[MeteredLlama]:

@@ -45,7 +45,11 @@ class PowerCollector(Collector):
 
         dev, ctl, en = r.get("device") or {}, r.get("controller") or {}, r.get("energy") or {}
         yield gauge("turboinfer_gpu_frequency_hz", "Current GPU clock.", dev.get("freq_hz"))
-        yield gauge("turboinfer_gpu_power_watts", "Current GPU power.", dev.get("power_w"))
+        yield gauge(
+            "turboinfer_gpu_power_watts",
+            "Average GPU power over the run so far.",
+            dev.get("avg_power_w"),
+        )
         yield counter(
             "turboinfer_energy_joules", "GPU energy since the model loaded.", en.get("energy_j")
         )
@@ -60,8 +64,9 @@ class PowerCollector(Collector):
         yield counter(
             "turboinfer_frequency_switches", "GPU clock changes made.", ctl.get("switches")
         )
-        healthy = ctl.get("healthy")
-        yield gauge("turboinfer_controller_healthy", "1 if the controller is healthy.", healthy)
+        yield gauge(
+            "turboinfer_controller_healthy", "1 if the controller is healthy.", ctl.get("healthy")
+        )
         stall_s = CounterMetricFamily(
             "turboinfer_stall_seconds", "Engine stall time by kind.", labels=["model", "kind"]
         )

@@ -233,20 +233,31 @@ class RequestGuard:
                     extra.append((SIMULATED_HEADER.encode(), str(rec.simulated).lower().encode()))
                 message["headers"] = list(message.get("headers", [])) + extra
                 state["started"] = True
-                await send(message)
+                await forward(message)
                 return
-            if message["type"] == "http.response.body":
-                if held:
-                    state["started"] = True
-                    await send(held.pop())
-                if not message.get("more_body", False):
-                    state["complete"] = True
+            if message["type"] == "http.response.body" and held:
+                if not message.get("body") and not message.get("more_body", False):
+                    # A stream that ends before its first event: an error may follow.
+                    held.append(message)
+                    return
+                await flush()
+            await forward(message)
+
+        async def forward(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["complete"] = True
             await send(message)
+
+        async def flush() -> None:
+            state["started"] = True
+            while held:
+                await forward(held.pop(0))
 
         token = CURRENT_REQUEST.set(rec)
         outcome = "error"
         try:
             await self.app(scope, replay, labelled)
+            await flush()
             outcome = "ok" if state["complete"] else "cancelled"
         except Exception as e:  # answered below if nothing was sent yet
             if state["started"]:

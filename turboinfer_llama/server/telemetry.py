@@ -1,16 +1,22 @@
 """Read a model's power figures for ``/v1/power``, ``/metrics`` and the energy headers.
 
-Everything comes from ``PowerSession.stats()``. Keys that the session does not report
-(yet) come back as None, never as an error. Keys read, first one present wins:
+Everything comes from ``PowerSession.stats()`` (whose ``energy`` entry is
+``PowerSession.energy()``, the live device/controller summary). Keys that the session
+does not report come back as None, never as an error. Keys read, first one present wins:
 
-* device:     ``device.name``, ``device.simulated`` | ``simulated``,
-              ``device.freq_hz`` | ``freq_hz``, ``device.power_w`` | ``power_w``
-* controller: ``controller.name``, ``controller.healthy``, ``controller.last_error``,
-              ``controller.switches`` | ``switches``
+* device:     ``energy.device`` | ``device.name`` | ``device`` (a string),
+              ``energy.simulated`` | ``device.simulated`` | ``simulated``,
+              ``energy.current_hz`` | ``device.freq_hz`` | ``freq_hz``,
+              ``energy.avg_power_w`` | ``device.power_w`` | ``power_w``, ``energy.source``
+* controller: ``energy.controller`` | ``controller.name`` | ``controller`` (a string),
+              ``energy.health.ok`` | ``energy.health.healthy`` | ``controller.healthy``,
+              ``energy.health.last_error`` | ``controller.last_error``,
+              ``energy.switches`` | ``controller.switches`` | ``switches``
 * energy:     ``energy.energy_j`` | ``energy`` (a number) | ``energy_j`` |
-              ``PowerSession.energy()`` (a number, or an object/dict with ``energy_j``),
-              ``energy.baseline_j``, ``energy.saved_j`` (else baseline - energy),
-              ``energy.simulated``
+              ``PowerSession.energy()`` (a number, or a dict/object with ``energy_j``),
+              ``energy.default_energy_j`` | ``energy.baseline_j``, ``energy.saved_j``
+              (else baseline - energy), ``energy.saving_fraction``,
+              ``energy.energy_per_token_j``, ``energy.recent_requests`` (a list)
 * counts:     ``requests``, ``tokens``, ``events.request_begin``, ``events.request_end``,
               ``stalls``, ``hook``
 """
@@ -38,13 +44,6 @@ def _first(d: Any, *paths: str, kind: type | tuple[type, ...] = (int, float)) ->
         if isinstance(v, kind) and (kind is bool or not isinstance(v, bool)):
             return v
     return None
-
-
-def _name(v: Any) -> str | None:
-    if isinstance(v, str):
-        return v
-    n = _get(v, "name")
-    return n if isinstance(n, str) else None
 
 
 def _energy_call(power: Any) -> float | None:
@@ -101,37 +100,42 @@ def power_report(power: Any) -> dict[str, Any]:
     settings = getattr(power, "settings", None)
     st, error = stats_of(power)
     energy_j, simulated = energy_reading(power, st)
-    baseline_j = _first(st, "energy.baseline_j")
+    baseline_j = _first(st, "energy.default_energy_j", "energy.baseline_j")
     saved_j = _first(st, "energy.saved_j")
     if saved_j is None and baseline_j is not None and energy_j is not None:
         saved_j = baseline_j - energy_j
-    device = st.get("device")
-    controller = st.get("controller")
-    last_error = _get(controller, "last_error")
+    saved_fraction = _first(st, "energy.saving_fraction")
+    if saved_fraction is None and saved_j is not None and baseline_j:
+        saved_fraction = saved_j / baseline_j
+    last_error = _first(st, "energy.health.last_error", "controller.last_error", kind=str)
     return {
         "simulated": simulated,
         "device": {
             "spec": getattr(settings, "device", None),
-            "name": _name(device),
+            "name": _first(st, "energy.device", "device.name", "device", kind=str),
             "simulated": simulated,
-            "freq_hz": _first(st, "device.freq_hz", "freq_hz"),
-            "power_w": _first(st, "device.power_w", "power_w"),
+            "source": _first(st, "energy.source", kind=str),
+            "freq_hz": _first(st, "energy.current_hz", "device.freq_hz", "freq_hz"),
+            "avg_power_w": _first(st, "energy.avg_power_w", "device.power_w", "power_w"),
         },
         "controller": {
-            "name": _name(controller) or getattr(settings, "controller", None),
+            "name": _first(st, "energy.controller", "controller.name", "controller", kind=str)
+            or getattr(settings, "controller", None),
             "latency_slack": getattr(settings, "latency_slack", None),
-            "healthy": _first(st, "controller.healthy", kind=bool),
-            "last_error": last_error if isinstance(last_error, str) else error,
-            "switches": _first(st, "controller.switches", "switches", kind=int),
+            "healthy": _first(
+                st, "energy.health.ok", "energy.health.healthy", "controller.healthy", kind=bool
+            ),
+            "last_error": last_error or error,
+            "switches": _first(st, "energy.switches", "controller.switches", "switches", kind=int),
         },
         "energy": {
             "energy_j": energy_j,
             "baseline_j": baseline_j,
             "saved_j": saved_j,
-            "saved_fraction": (saved_j / baseline_j)
-            if saved_j is not None and baseline_j
-            else None,
+            "saved_fraction": saved_fraction,
             "baseline": "default-governor estimate",
+            "energy_per_token_j": _first(st, "energy.energy_per_token_j"),
+            "recent_requests": _first(st, "energy.recent_requests", kind=list),
             "simulated": simulated,
         },
         "tokens": _first(st, "tokens", kind=int),
