@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  note: chunk counts differ (ours {o.chunks}, theirs {t.chunks})")
             ratios.append(o.tokens_per_s / t.tokens_per_s)
             print(
-                f"round {r + 1}: ours {o.tokens_per_s:7.2f} tok/s  theirs {t.tokens_per_s:7.2f} tok/s"
-                f"  ratio {ratios[-1]:.3f}"
+                f"round {r + 1}: ours {o.tokens_per_s:7.2f} tok/s  "
+                f"theirs {t.tokens_per_s:7.2f} tok/s  ratio {ratios[-1]:.3f}"
             )
         ours = statistics.median(x.tokens_per_s for x in results["ours"])
         theirs = statistics.median(x.tokens_per_s for x in results["theirs"])
