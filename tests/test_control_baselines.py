@@ -50,8 +50,9 @@ def test_oracle_is_never_beaten_at_equal_latency(trace, name):
     ctl = make_controller(name, **for_device(SimGpu()))
     res = replay(trace, ctl, SimGpu(), seed=0)
     # the oracle, held to exactly this controller's time in every phase
-    oracle = Oracle(trace, SimGpu, budgets_ns={k: float(v) for k, v in
-                                               res.time_by_phase_ns.items()})
+    oracle = Oracle(
+        trace, SimGpu, budgets_ns={k: float(v) for k, v in res.time_by_phase_ns.items()}
+    )
     got = replay(trace, oracle, SimGpu(), seed=0)
     for phase, ns in res.time_by_phase_ns.items():
         assert got.time_by_phase_ns[phase] <= ns * 1.001

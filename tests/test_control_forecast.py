@@ -21,8 +21,9 @@ def test_converges_on_stationary_stream():
     assert est.typical_ns == pytest.approx(3e6, rel=0.08)
     assert est.upper_ns == pytest.approx(true_q90, rel=0.12)
     assert est.lower_ns < est.typical_ns < est.upper_ns
-    assert est.err_ns == pytest.approx(max(est.upper_ns - est.typical_ns,
-                                           est.typical_ns - est.lower_ns))
+    assert est.err_ns == pytest.approx(
+        max(est.upper_ns - est.typical_ns, est.typical_ns - est.lower_ns)
+    )
     assert st.shifts <= 1  # a stationary stream does not look like drift
 
 

@@ -78,9 +78,13 @@ class Scripted:
 def _events(n_graphs, t0=0):
     t = t0
     for g in range(n_graphs):
-        for kind, node in ((EventKind.DECODE_BEGIN, -1), (EventKind.NODE_ASK, 0),
-                           (EventKind.NODE_DONE, 0), (EventKind.DECODE_END, -1),
-                           (EventKind.TOKEN, -1)):
+        for kind, node in (
+            (EventKind.DECODE_BEGIN, -1),
+            (EventKind.NODE_ASK, 0),
+            (EventKind.NODE_DONE, 0),
+            (EventKind.DECODE_END, -1),
+            (EventKind.TOKEN, -1),
+        ):
             yield Event(kind, t, graph=g, node=node)
             t += 600_000
 

@@ -45,10 +45,12 @@ def test_sweet_spot_is_low_for_memory_bound_and_high_for_compute_bound_work():
     n = np.ones(10)
     mem_bound = wm.sweet_spot_hz("decode", np.full(10, 1e3), np.full(10, 2e4), n)
     # compute-bound work at a table where static power dominates: racing wins
-    hot = PowerTable(power.levels_hz, power.busy_w * 0 + 5.0 + 1e-10 * power.levels_hz,
-                     power.idle_w, 0.0, "test")
-    compute_bound = WorkloadModel(hot).sweet_spot_hz("decode", np.full(10, 2e4),
-                                                     np.full(10, 1e3), n)
+    hot = PowerTable(
+        power.levels_hz, power.busy_w * 0 + 5.0 + 1e-10 * power.levels_hz, power.idle_w, 0.0, "test"
+    )
+    compute_bound = WorkloadModel(hot).sweet_spot_hz(
+        "decode", np.full(10, 2e4), np.full(10, 1e3), n
+    )
     assert mem_bound == LEVELS[0]
     assert compute_bound == LEVELS[-1]
 
@@ -70,8 +72,9 @@ def test_an_intensity_jump_reopens_the_estimator():
     pm = wm.phases["decode"]
     pm.P = pm.P * 0.01
     for i in range(1, 6):
-        wm.observe_counters(Counters(i * 10**6, i * 5 * 10**5, i * 10**6, i * 10**5, 10**9),
-                            "decode")
+        wm.observe_counters(
+            Counters(i * 10**6, i * 5 * 10**5, i * 10**6, i * 10**5, 10**9), "decode"
+        )
     assert wm.reopened == 0
     wm.observe_counters(Counters(7 * 10**6, 4 * 10**6, 7 * 10**6, 9 * 10**5, 10**9), "decode")
     assert wm.reopened == 1

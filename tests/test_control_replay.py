@@ -23,7 +23,12 @@ def test_replay_is_deterministic_for_a_fixed_seed(trace, name):
         runs.append(replay(trace, make_controller(name, **for_device(dev)), dev, seed=7))
     a, b = runs
     assert (a.energy_j, a.duration_s, a.switches, a.tokens, a.decisions) == (
-        b.energy_j, b.duration_s, b.switches, b.tokens, b.decisions)
+        b.energy_j,
+        b.duration_s,
+        b.switches,
+        b.tokens,
+        b.decisions,
+    )
     assert a.tokens == 12 and a.requests == 2
     assert a.simulated
 
@@ -83,8 +88,7 @@ def test_causal_controllers_never_read_an_event_before_it_happens(trace, name):
 
 
 def test_only_the_oracle_holds_the_whole_trace(trace):
-    oracle = make_controller("oracle", **for_device(SimGpu()), trace=trace,
-                             device_factory=SimGpu)
+    oracle = make_controller("oracle", **for_device(SimGpu()), trace=trace, device_factory=SimGpu)
     assert oracle.budgets_ns  # it read the default run of the whole trace up front
     res = replay(trace, oracle, SimGpu(), seed=0)
     assert res.tokens == 12
@@ -100,7 +104,6 @@ def test_graph_granularity_replays_with_scan_events():
 
 def test_bad_arguments_are_refused(trace):
     with pytest.raises(ValueError, match="granularity"):
-        replay(trace, make_controller("max", device_levels_hz=[1]), SimGpu(),
-               granularity="layer")
+        replay(trace, make_controller("max", device_levels_hz=[1]), SimGpu(), granularity="layer")
     with pytest.raises(ValueError, match="at least one segment"):
         replay([], make_controller("max", device_levels_hz=[1]), SimGpu())

@@ -25,8 +25,15 @@ SHADOW_TOLERANCE = 0.01
     seed=st.integers(0, 1000),
 )
 def test_tmpc_stays_within_its_latency_budget(sample_ms, sigma, inter_kernel_us, seed):
-    trace = make_trace(requests=1, decode_tokens=10, prompt_tokens=8, sample_ms=sample_ms,
-                       sample_sigma=sigma, inter_kernel_us=inter_kernel_us, seed=seed)
+    trace = make_trace(
+        requests=1,
+        decode_tokens=10,
+        prompt_tokens=8,
+        sample_ms=sample_ms,
+        sample_sigma=sigma,
+        inter_kernel_us=inter_kernel_us,
+        seed=seed,
+    )
     dev = SimGpu()
     base = replay(trace, make_controller("default", **for_device(dev)), dev)
     dev = SimGpu()
@@ -54,5 +61,5 @@ def test_solver_respects_the_budget_and_prefers_cheap_levels():
 def test_horizon_must_be_three_to_six_segments():
     import pytest
 
-    with pytest.raises(ValueError, match="3..6"):
+    with pytest.raises(ValueError, match=r"3\.\.6"):
         TubeMPC([1, 2], horizon=8)

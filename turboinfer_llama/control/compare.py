@@ -32,8 +32,12 @@ def compare(
     for name in ("default", *[n for n in names if n != "default"]):
         kw = for_device(device_factory())
         ctl = make_controller(
-            name, latency_slack=latency_slack, trace=segments, device_factory=device_factory,
-            seed=seed, **kw,
+            name,
+            latency_slack=latency_slack,
+            trace=segments,
+            device_factory=device_factory,
+            seed=seed,
+            **kw,
         )
         if name == "ztt":
             for episode in range(ztt_episodes - 1):

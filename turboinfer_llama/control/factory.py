@@ -12,7 +12,13 @@ from .model import PowerTable
 from .reference import ShadowParams
 
 CONTROLLER_NAMES: tuple[str, ...] = (
-    "tmpc", "default", "max", "static:<hz>", "reactive", "ztt", "oracle",
+    "tmpc",
+    "default",
+    "max",
+    "static:<hz>",
+    "reactive",
+    "ztt",
+    "oracle",
 )
 
 
@@ -67,18 +73,25 @@ def make_controller(
         from .tmpc import TubeMPC
 
         return TubeMPC(
-            levels, latency_slack=latency_slack, switch_latency_ns=switch_latency_ns,
-            power=power, shadow=shadow, horizon=horizon,
+            levels,
+            latency_slack=latency_slack,
+            switch_latency_ns=switch_latency_ns,
+            power=power,
+            shadow=shadow,
+            horizon=horizon,
         )
     if name == "ztt":
         from .baselines.ztt import ZttQLearning
 
-        return ZttQLearning(levels, power=power, shadow=shadow, latency_slack=latency_slack,
-                            seed=seed)
+        return ZttQLearning(
+            levels, power=power, shadow=shadow, latency_slack=latency_slack, seed=seed
+        )
     if name == "oracle":
         if trace is None or device_factory is None:
-            raise ValueError("oracle is offline: it needs trace= (the whole recorded run) "
-                             "and device_factory= (a fresh simulator)")
+            raise ValueError(
+                "oracle is offline: it needs trace= (the whole recorded run) "
+                "and device_factory= (a fresh simulator)"
+            )
         from .baselines.oracle import Oracle
 
         return Oracle(trace, device_factory, latency_slack=latency_slack)

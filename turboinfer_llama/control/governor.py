@@ -171,8 +171,11 @@ class Governor:
         self.failed = True
         self.error = f"{type(err).__name__}: {err}"
         self._queue = []
-        log.error("GPU device %s failed: %s; handing it back to its default governor",
-                  getattr(self.device, "name", "?"), self.error)
+        log.error(
+            "GPU device %s failed: %s; handing it back to its default governor",
+            getattr(self.device, "name", "?"),
+            self.error,
+        )
         if not restore or self._snapshot is None:
             self.fallback = "none (no snapshot)"
             return

@@ -22,6 +22,7 @@ result replaces the decisions of the previous poll.
 from __future__ import annotations
 
 import bisect
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
@@ -310,14 +311,24 @@ def replay(
             if not per_node:
                 for nd in graphs.get(seg.graph, []):
                     r.emit(
-                        EventKind.NODE_ASK, graph=graph, node=nd.node, op=nd.op, name=nd.name,
-                        layer=nd.layer, shape=nd.shape,
+                        EventKind.NODE_ASK,
+                        graph=graph,
+                        node=nd.node,
+                        op=nd.op,
+                        name=nd.name,
+                        layer=nd.layer,
+                        shape=nd.shape,
                     )
             r.poll()
         if per_node:
             r.emit(
-                EventKind.NODE_ASK, graph=graph, node=seg.node, op=seg.op, name=seg.name,
-                layer=seg.layer, shape=seg.shape,
+                EventKind.NODE_ASK,
+                graph=graph,
+                node=seg.node,
+                op=seg.op,
+                name=seg.name,
+                layer=seg.layer,
+                shape=seg.shape,
             )
         r.kernel(seg, add_submission=not per_node or not seg.timed)
         if per_node:
@@ -347,7 +358,7 @@ def _result(
     for req, times in r.token_times.items():
         if times:
             ttft.append(times[0] - r.request_begin[req])
-            gaps += [b - a for a, b in zip(times, times[1:])]
+            gaps += [b - a for a, b in itertools.pairwise(times)]
     tokens = sum(len(t) for t in r.token_times.values())
     us = tuple(t / 1e3 for t in r.times_ns)
     switches = device.switches - sw0

@@ -29,9 +29,15 @@ MODELS = {
 }
 
 
+def _pad(ne: tuple[int, ...]) -> tuple[int, int, int, int]:
+    full = (*ne, 1, 1, 1, 1)
+    return (full[0], full[1], full[2], full[3])
+
+
 def _sh(ne, t=F32, s0=None, t0=-1, s1=None, t1=-1) -> NodeShape:
-    pad = lambda x: None if x is None else tuple(list(x) + [1] * (4 - len(x)))  # noqa: E731
-    return NodeShape(pad(ne), t, pad(s0), t0, pad(s1), t1)
+    return NodeShape(
+        _pad(ne), t, None if s0 is None else _pad(s0), t0, None if s1 is None else _pad(s1), t1
+    )
 
 
 def graph_nodes(
@@ -79,14 +85,18 @@ def graph_nodes(
                 "MUL_MAT",
                 f"kq-{il}",
                 il,
-                _sh((n_kv, T, N_HEAD), F32, (HEAD_DIM, n_kv, N_HEAD_KV), F16, (HEAD_DIM, T, N_HEAD)),
+                _sh(
+                    (n_kv, T, N_HEAD), F32, (HEAD_DIM, n_kv, N_HEAD_KV), F16, (HEAD_DIM, T, N_HEAD)
+                ),
             ),
             ew("SOFT_MAX", "kq_soft_max", (n_kv, T, N_HEAD)),
             (
                 "MUL_MAT",
                 f"kqv-{il}",
                 il,
-                _sh((HEAD_DIM, T, N_HEAD), F32, (n_kv, HEAD_DIM, N_HEAD_KV), F16, (n_kv, T, N_HEAD)),
+                _sh(
+                    (HEAD_DIM, T, N_HEAD), F32, (n_kv, HEAD_DIM, N_HEAD_KV), F16, (n_kv, T, N_HEAD)
+                ),
             ),
             nop("PERMUTE", "kqv_merged", (HEAD_DIM, N_HEAD, T)),
             ew("CONT", "kqv_merged_cont", (Q, T)),
@@ -145,26 +155,64 @@ def make_trace(
 
     for req in range(requests):
         if req > 0:
-            add("stall", idle_ms * 1e6 * rng.lognormal(0, 0.2), "idle", stall=StallKind.IDLE,
-                request=req - 1)
+            add(
+                "stall",
+                idle_ms * 1e6 * rng.lognormal(0, 0.2),
+                "idle",
+                stall=StallKind.IDLE,
+                request=req - 1,
+            )
         n_kv = 0
         steps = [prompt_tokens] + [1] * decode_tokens
         for tok, n_tokens in enumerate(steps):
             phase = "prefill" if tok == 0 else "decode"
             n_kv += n_tokens
-            add("stall", submit_us * 1e3 * rng.lognormal(0, 0.2), phase,
-                stall=StallKind.SUBMIT, request=req, token=tok, graph=graph)
+            add(
+                "stall",
+                submit_us * 1e3 * rng.lognormal(0, 0.2),
+                phase,
+                stall=StallKind.SUBMIT,
+                request=req,
+                token=tok,
+                graph=graph,
+            )
             nodes = graph_nodes(n_tokens, max(256, n_kv), model)
             for i, (op, name, layer, shape) in enumerate(nodes):
                 if kernel_timing and i > 0:
-                    add("stall", inter_kernel_us * 1e3 * rng.lognormal(0, 0.3), phase,
-                        stall=StallKind.INTER_KERNEL, request=req, token=tok, graph=graph)
-                add("kernel", 20_000, phase, request=req, token=tok, graph=graph, node=i,
-                    layer=layer, op=op, name=name, shape=shape, timed=kernel_timing)
+                    add(
+                        "stall",
+                        inter_kernel_us * 1e3 * rng.lognormal(0, 0.3),
+                        phase,
+                        stall=StallKind.INTER_KERNEL,
+                        request=req,
+                        token=tok,
+                        graph=graph,
+                    )
+                add(
+                    "kernel",
+                    20_000,
+                    phase,
+                    request=req,
+                    token=tok,
+                    graph=graph,
+                    node=i,
+                    layer=layer,
+                    op=op,
+                    name=name,
+                    shape=shape,
+                    timed=kernel_timing,
+                )
             med = sample_ms
             if sample_ms_after_shift is not None and tok > len(steps) // 2:
                 med = sample_ms_after_shift
-            add("stall", med * 1e6 * rng.lognormal(0, sample_sigma), phase,
-                stall=StallKind.SAMPLE, request=req, token=tok, graph=graph)
+            add(
+                "stall",
+                med * 1e6 * rng.lognormal(0, sample_sigma),
+                phase,
+                stall=StallKind.SAMPLE,
+                request=req,
+                token=tok,
+                graph=graph,
+            )
             graph += 1
     return segs

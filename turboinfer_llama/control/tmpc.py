@@ -340,7 +340,7 @@ class TubeMPC:
             edges = np.linspace(0, g.n, min(g.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
             k_chunks = np.diff(g.cum_k[edges], axis=0) * scale
             h_chunks = np.diff(g.cum_launch[edges]) * scale
-            for kc, hc in zip(k_chunks, h_chunks):
+            for kc, hc in zip(k_chunks, h_chunks, strict=True):
                 ref += self.shadow.run_compute(kc, float(hc))
         else:
             ref = float(measured)
@@ -368,15 +368,13 @@ class TubeMPC:
     def _stall_plan(self, t_ns: int, compute_left_ns: float, next_level: int) -> list[Decision]:
         """Drop one switch latency before the predicted stall start, raise one switch
         latency before its lower-bound end."""
-        d_med, d_lo, _ = self._stall_ns()
+        _, d_lo, _ = self._stall_ns()
         if d_lo < self.s_ns or self.forecast.estimate(StallKind.SAMPLE).n == 0:
             return []
         stall_at = t_ns + int(compute_left_ns)
         return [
             Decision(self.levels_int[0], stall_at - self.s_ns, "tmpc: drop before stall"),
-            Decision(
-                self.levels_int[next_level], stall_at + int(d_lo) - self.s_ns, "tmpc: raise"
-            ),
+            Decision(self.levels_int[next_level], stall_at + int(d_lo) - self.s_ns, "tmpc: raise"),
         ]
 
     def _solve(self, t_ns: int, *, in_compute: bool) -> tuple[int, list[Decision]]:
@@ -401,6 +399,7 @@ class TubeMPC:
         d[1:] = nxt_tpl.d_row
         d_ref = float(nxt_tpl.d_row[ref_lvl]) * (nc - 1)
         if in_compute:
+            assert cur_tpl is not None  # checked above
             k0, host0 = cur_tpl.rest(self.done)
             e[0] = busy_w * k0 + idle_w * host0
             d[0] = k0 + host0
@@ -414,10 +413,7 @@ class TubeMPC:
         stalls_total = d_med * n_stalls
         tube = self.rel_err.estimate().upper_ns * d_ref + (d_err * n_stalls if droppable else 0)
         budget = (
-            self.slack * (self.ref_elapsed_ns + d_ref + stalls_total)
-            - self.debt_ns
-            - tube
-            + d_ref
+            self.slack * (self.ref_elapsed_ns + d_ref + stalls_total) - self.debt_ns - tube + d_ref
         )
         # every combination at once by outer sums (row-major, the order of ``combos``)
         flat_e, flat_d = e[0], d[0]

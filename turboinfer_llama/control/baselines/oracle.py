@@ -42,6 +42,7 @@ def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, s
     block = -1
     key: tuple[Any, ...] | None = None
     for s in segments:
+        k: tuple[Any, ...]
         if s.kind == "kernel":
             k = ("c", s.graph, s.layer)
             c = cost(s.op, s.shape)
@@ -128,8 +129,9 @@ class Oracle:
         self._offset = 0.0
         # one budget per phase (TTFT and TPOT each within the slack); blocks of
         # different phases do not interact, so each phase is its own problem
-        groups = {ph: np.array([i for i, q in enumerate(phase_of) if q == ph]) for ph in
-                  set(phase_of)}
+        groups = {
+            ph: np.array([i for i, q in enumerate(phase_of) if q == ph]) for ph in set(phase_of)
+        }
         targets = {ph: self.budgets_ns.get(ph, float("inf")) for ph in groups}
         self.schedule = np.zeros(n_blocks, dtype=np.int64)
         for _ in range(refine + 1):
@@ -139,8 +141,9 @@ class Oracle:
             # check by replay; tighten each phase by any overshoot (under 1%)
             got = _phase_times(replay(segments, self, device_factory()))
             self._t0 = None
-            over = {ph: got.get(ph, 0) - self.budgets_ns[ph] for ph in groups
-                    if ph in self.budgets_ns}
+            over = {
+                ph: got.get(ph, 0) - self.budgets_ns[ph] for ph in groups if ph in self.budgets_ns
+            }
             if all(v <= 0 for v in over.values()):
                 break
             for ph, v in over.items():

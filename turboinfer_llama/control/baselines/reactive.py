@@ -18,8 +18,9 @@ class Reactive:
     name = "reactive"
     uses_device_governor = False
 
-    def __init__(self, levels_hz: list[int], *, high_hz: int | None = None,
-                 low_hz: int | None = None) -> None:
+    def __init__(
+        self, levels_hz: list[int], *, high_hz: int | None = None, low_hz: int | None = None
+    ) -> None:
         levels = sorted(levels_hz)
         self.high_hz = int(high_hz if high_hz is not None else levels[-1])
         self.low_hz = int(low_hz if low_hz is not None else levels[0])
