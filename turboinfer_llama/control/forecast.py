@@ -31,13 +31,16 @@ from ..engine.events import StallKind
 
 @dataclass(frozen=True, slots=True)
 class StallEstimate:
-    """Forecast of one stall's duration (ns). ``err_ns`` is the tube half-width."""
+    """Forecast of one stall's duration (ns). ``err_ns`` is the tube half-width;
+    ``min_ns`` the shortest stall in the window (how far below ``lower_ns`` one has
+    actually ended)."""
 
     typical_ns: float
     lower_ns: float
     upper_ns: float
     err_ns: float
     n: int
+    min_ns: float = 0.0
 
 
 class StallStats:
@@ -61,7 +64,7 @@ class StallStats:
         self._window: deque[float] = deque(maxlen=window)
         self._run_side = 0
         self._run_len = 0
-        self._est = StallEstimate(prior_ns, prior_ns, prior_ns, prior_ns, 0)
+        self._est = StallEstimate(prior_ns, prior_ns, prior_ns, prior_ns, 0, prior_ns)
 
     def update(self, dur_ns: float) -> None:
         est = self._est
@@ -87,7 +90,7 @@ class StallStats:
         mid = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
         hi = xs[min(n - 1, int(self.quantile * n))]
         lo = min(xs[int((1.0 - self.quantile) * n)], mid)
-        return StallEstimate(mid, lo, hi, max(hi - mid, mid - lo), n)
+        return StallEstimate(mid, lo, hi, max(hi - mid, mid - lo), n, xs[0])
 
     def estimate(self) -> StallEstimate:
         return self._est

@@ -20,9 +20,12 @@ combinations at once as outer sums of the per-segment tables (numpy broadcasting
 Nominal plan: minimise predicted energy (busy power x kernel time + idle power x
 stalls and host gaps + switch cost) subject to
 ``debt + sum(d - d_ref) + tube <= slack * (reference elapsed + horizon reference)``.
-The tube is the forecast error bound: the upper quantile of the relative error of
-past graph-time predictions times the horizon's compute time, plus the stalls'
-error bounds where an early end would hit a low clock.
+The tube is the forecast error bound. Debt is measured against the shadow, which is
+driven by the measured time, so an error in predicting absolute graph time cancels;
+what reaches the debt is the error in the predicted slowdown ``d - d_ref``, bounded
+by the upper quantile ``r`` of past relative graph-time errors: ``r * (d - d_ref)``.
+Stalls add how far below its lower bound a stall has been seen to end (the raise is
+timed on the lower bound) times the largest slowdown a low clock can cause.
 
 Ancillary feedback: inside a graph, every node completion compares elapsed time with
 the nominal plan; ``level = planned + ceil(K * error / predicted graph time)``, so
@@ -120,6 +123,7 @@ class TubeMPC:
         self.forecast = Forecaster(cost_fn=lambda op, sh: (0.0, 0.0))
         self.shadow = DefaultShadow(self.levels, shadow or ShadowParams())
         self.n_compute = (horizon + 1) // 2
+        self._max_slowdown = 1.0 - self.levels[0] / self.levels[-1]
         self.combos, self.changes = _combos(self.L, self.n_compute)
         first_change = self.combos[:, 0][None, :] != np.arange(self.L)[:, None]
         self.switch_cost = self.changes[None, :] + first_change  # per current level
@@ -360,10 +364,11 @@ class TubeMPC:
 
     def _stall_ns(self) -> tuple[float, float, float]:
         """Forecast of the next inter-graph stall (sample + submit): median, lower
-        bound, error bound."""
+        bound, and how far below the lower bound one has ended."""
         s = self.forecast.estimate(StallKind.SAMPLE)
         u = self.forecast.estimate(StallKind.SUBMIT)
-        return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, s.err_ns + u.err_ns
+        early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
+        return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
     def _stall_plan(self, t_ns: int, compute_left_ns: float, next_level: int) -> list[Decision]:
         """Drop one switch latency before the predicted stall start, raise one switch
@@ -386,7 +391,7 @@ class TubeMPC:
         if nxt_tpl is None or (in_compute and cur_tpl is None):
             return self.top, []  # nothing to predict from yet: never fall behind
         L, nc = self.L, self.n_compute
-        d_med, d_lo, d_err = self._stall_ns()
+        d_med, d_lo, d_early = self._stall_ns()
         droppable = d_lo >= self.s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         busy_w, idle_w = self.power.busy_w, self.power.idle_w
         ref_lvl = self.shadow.level
@@ -411,10 +416,11 @@ class TubeMPC:
             d_ref += float(nxt_tpl.d_row[ref_lvl])
             n_stalls = nc
         stalls_total = d_med * n_stalls
-        tube = self.rel_err.estimate().upper_ns * d_ref + (d_err * n_stalls if droppable else 0)
-        budget = (
-            self.slack * (self.ref_elapsed_ns + d_ref + stalls_total) - self.debt_ns - tube + d_ref
-        )
+        r = self.rel_err.estimate().upper_ns
+        stall_tube = d_early * n_stalls * self._max_slowdown if droppable else 0.0
+        allowed = self.slack * (self.ref_elapsed_ns + d_ref + stalls_total) - self.debt_ns
+        # sum(d) - d_ref + r * (sum(d) - d_ref) + stall_tube <= allowed
+        budget = d_ref + (allowed - stall_tube) / (1.0 + r)
         # every combination at once by outer sums (row-major, the order of ``combos``)
         flat_e, flat_d = e[0], d[0]
         for i in range(1, nc):
@@ -426,7 +432,8 @@ class TubeMPC:
         best = int(masked.argmin())
         if masked[best] == np.inf:  # nothing meets the budget: the fastest plan
             best = int(flat_d.argmin())
-        self._margin_ns = max(0.0, budget - float(flat_d[best])) + tube
+        used = float(flat_d[best])
+        self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         levels = self.combos[best]
         first = int(levels[0])
         if in_compute:
