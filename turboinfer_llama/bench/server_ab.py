@@ -1,7 +1,7 @@
 """Our server vs llama-cpp-python's: streaming-chat tokens/s, interleaved A/B rounds.
 
     python -m turboinfer_llama.bench.server_ab [--model PATH] [--rounds 6] [--requests 3]
-        [--max-tokens 64] [--n-threads 2]
+        [--max-tokens 64] [--n-threads 2] [--chat-format gemma]
 
 Starts both servers on loopback ports (``python -m llama_cpp.server`` and
 ``python -m turboinfer_llama.server`` with its defaults: power saving on, device auto),
@@ -121,10 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--n-threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=1024)
+    ap.add_argument(
+        "--chat-format",
+        default="gemma",
+        help="chat format for both servers (the GGUF of gemma-3-270m carries no template)",
+    )
     args = ap.parse_args(argv)
     model = args.model or default_model()
     common = ["--model", model, "--model_alias", "m", "--port", "0", "--host", "127.0.0.1"]
-    common += ["--n_ctx", str(args.n_ctx), "--verbose", "false"]
+    common += ["--n_ctx", str(args.n_ctx), "--verbose", "false", "--chat_format", args.chat_format]
     common += ["--n_threads", str(args.n_threads), "--n_threads_batch", str(args.n_threads)]
     servers: dict[str, Server] = {}
     try:
@@ -154,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             for side in order:
                 results[side].append(run_round(clients[side], "m", args.requests, args.max_tokens))
             o, t = results["ours"][-1], results["theirs"][-1]
+            if not o.chunks or not t.chunks:
+                raise RuntimeError("a server streamed no content; check --chat-format")
             if o.chunks != t.chunks:
                 print(f"  note: chunk counts differ (ours {o.chunks}, theirs {t.chunks})")
             ratios.append(o.tokens_per_s / t.tokens_per_s)
