@@ -156,3 +156,15 @@ def test_prompts_file_and_live_ab(tmp_path, tiny_gguf):
     assert report["prompts"] == 2
     live = report["live"]
     assert live["tokens_per_s_on"] > 0 and live["tokens_per_s_off"] > 0 and live["ratio"] > 0
+
+
+def test_trace_export_and_stats(recorded, tmp_path, capsys):
+    rec, _ = recorded
+    out = tmp_path / "p.json"
+    assert main(["trace", "export", str(rec), str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert any(e.get("name") == "MUL_MAT" for e in doc["traceEvents"])
+    assert main(["trace", "stats", str(rec)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["stalls"]["sample"]["count"] > 0 and stats["kernels"]["count"] > 0
+    assert main(["trace", "stats", str(tmp_path / "missing.json")]) == 2
