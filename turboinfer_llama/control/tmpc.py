@@ -321,7 +321,10 @@ class TubeMPC:
             arr = np.asarray(self._nodes)
             g = _Graph(arr[:, 0], arr[:, 1], arr[:, 2])
             pm = self.model.phases[phase]
-            lv = self._node_level + [self._effective(t_ns)] * (g.n - len(self._node_level))
+            # nodes without a completion event (graph granularity): the level in effect
+            # at the middle of the compute (not at its end, where the drop has landed)
+            mid = self._effective((self.t_compute + t_ns) // 2)
+            lv = self._node_level + [mid] * (g.n - len(self._node_level))
             f = self.levels[np.asarray(lv[: g.n])]
             prior = self._templates.get(phase)
             if prior is not None and prior.n == g.n and self._predicted_graph_ns > 0:

@@ -40,6 +40,7 @@ def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, s
     cache: dict[tuple[float, float], np.ndarray] = {}
     out: list[tuple[int, str, Any, str, Any]] = []
     block = -1
+    last_graph = -1
     key: tuple[Any, ...] | None = None
     for s in segments:
         k: tuple[Any, ...]
@@ -68,7 +69,11 @@ def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, s
         ck = (c.flops, c.bytes)
         if ck not in cache:
             cache[ck] = np.array([dev.kernel_ns(c.flops, c.bytes, h) for h in levels])
-        out.append((block, "busy", cache[ck], s.phase, ("node", s.graph, s.node)))
+        # without per-kernel timing the asks all come at the graph's start (the scan):
+        # only the first one marks a known instant
+        anchor = ("node", s.graph, s.node) if timed or s.graph != last_graph else None
+        last_graph = s.graph
+        out.append((block, "busy", cache[ck], s.phase, anchor))
     return out
 
 
