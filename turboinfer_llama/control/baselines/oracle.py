@@ -56,6 +56,7 @@ def _items(segments: Sequence[Segment], dev: Any) -> list[tuple[int, str, Any, s
         if k != key:
             block += 1
             key = k
+        anchor: tuple[Any, ...] | None
         if s.kind == "stall":
             anchor = None
             if s.stall is StallKind.SUBMIT:
