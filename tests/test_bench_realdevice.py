@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from fakesysfs import make_jetson_orin, make_rapl, write
+
 from turboinfer_llama.bench.runner import BenchConfig, run_bench
 from turboinfer_llama.devices import open_device
 from turboinfer_llama.power import open_meter

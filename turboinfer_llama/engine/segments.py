@@ -17,7 +17,8 @@ SegmentKind = Literal["kernel", "stall"]
 Phase = Literal["prefill", "decode", "idle"]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, for construction speed (hundreds per token); treat as immutable.
+@dataclass(slots=True)
 class Segment:
     """One kernel or one stall.
 

@@ -7,12 +7,13 @@ appended. Segment boundaries are documented in docs/architecture.md.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .events import Event, EventKind, StallKind
+from .events import Event, EventKind, NodeShape, StallKind
 from .segments import Phase, Segment
 
 # Reference machine for sharing an untimed graph's compute time among its kernels:
@@ -22,10 +23,13 @@ _REF_FLOPS_PER_S = 50e9
 _REF_BYTES_PER_S = 20e9
 
 
-def _weight(ev: Event) -> float:
+@functools.lru_cache(maxsize=65536)
+def _weight(op: str, shape: NodeShape | None) -> float:
+    """Relative duration of a node on the reference machine (cached: shapes repeat
+    every token)."""
     from .graph import cost
 
-    c = cost(ev.op, ev.shape)
+    c = cost(op, shape)
     return max(c.flops / _REF_FLOPS_PER_S, c.bytes / _REF_BYTES_PER_S, 1e-9)
 
 
@@ -67,21 +71,27 @@ class Timeline:
     # -- producing -------------------------------------------------------------
     def append(self, event: Event) -> list[Segment]:
         """Add one event; returns the segments it completed (possibly none)."""
-        with self._lock:
-            if len(self._events) == self._events.maxlen:
-                self.dropped += 1
-            self._events.append(event)
-            self.counts[event.kind.value] += 1
-            new = self._derive(event)
-            for seg in new:
-                self._account(seg)
-                self._segments.append(seg)
-        return new
+        return self.extend((event,))
 
     def extend(self, events: Iterable[Event]) -> list[Segment]:
+        """Add events in order; returns the segments they completed."""
         out: list[Segment] = []
-        for ev in events:
-            out.extend(self.append(ev))
+        with self._lock:
+            store, counts, derive = self._events, self.counts, self._derive
+            for ev in events:
+                if len(store) == store.maxlen:
+                    self.dropped += 1
+                store.append(ev)
+                counts[ev.kind.value] += 1
+                if ev.kind is EventKind.NODE_ASK or ev.kind is EventKind.NODE_DONE:
+                    if self._graph is not None:
+                        self._graph.nodes.append(ev)
+                    continue
+                new = derive(ev)
+                for seg in new:
+                    self._account(seg)
+                    self._segments.append(seg)
+                out.extend(new)
         return out
 
     # -- reading ---------------------------------------------------------------
@@ -210,7 +220,7 @@ class Timeline:
             shares = [span]
             timed = True
         else:
-            w = [_weight(e) for e in run]
+            w = [_weight(e.op, e.shape) for e in run]
             total = sum(w)
             shares = [int(span * x / total) for x in w]
             timed = False
