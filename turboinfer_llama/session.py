@@ -7,10 +7,13 @@ they must stay cheap, they run on the decode path.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +32,17 @@ log = logging.getLogger("turboinfer_llama")
 
 SegmentSink = Callable[[list[Segment]], None]
 Live = SimulatedAccount | RealDeviceControl
+
+
+_OPEN_SESSIONS: weakref.WeakSet[PowerSession] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    """Close sessions while their (daemon) worker threads can still run: after
+    atexit, the interpreter freezes daemon threads, possibly holding our locks."""
+    for session in list(_OPEN_SESSIONS):
+        session.close()
 
 
 def _no_decoder(raw: Any) -> list[Event]:
@@ -66,6 +80,7 @@ class PowerSession:
         self._wake = threading.Event()
         self._worker = threading.Thread(target=self._work, name="turboinfer-timeline", daemon=True)
         self._worker.start()
+        _OPEN_SESSIONS.add(self)
 
     # -- wiring ----------------------------------------------------------------
     def add_segment_sink(self, sink: SegmentSink) -> None:
@@ -225,6 +240,12 @@ class PowerSession:
         return str(save_trace(path, self.timeline.events(), meta))
 
     # -- teardown --------------------------------------------------------------
+    def _release_now(self) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.disable()
+            hook.close()
+
     def detach(self) -> None:
         """Make the callback inert. Runs before llama.cpp frees the context."""
         if self._hook is not None:
@@ -238,6 +259,9 @@ class PowerSession:
         self._closed = True
         self._real = None
         self._wake.set()
+        if sys.is_finalizing():  # the worker is frozen and may hold our locks
+            self._release_now()
+            return
         if self._worker is not threading.current_thread():
             self._worker.join()
         try:
