@@ -102,13 +102,22 @@ def test_adb_deploy_failures_are_explained(tmp_path, monkeypatch, capsys, setup,
     assert phone.modules == {}
 
 
-def test_adb_bench_with_simulator_only_runner_fails_clearly(tmp_path, monkeypatch, capsys):
+def test_adb_bench_runs_the_model_on_the_phone(tmp_path, monkeypatch, capsys, tiny_gguf):
+    """The real runner: every controller drives the phone's KGSL live over adb while
+    the battery meter measures; the GPU is restored afterwards."""
     phone = oneplus8(tmp_path / "phone")
+    kgsl = phone.root / "sys/class/kgsl/kgsl-3d0"
+    before = {f: (kgsl / f).read_text() for f in ("min_pwrlevel", "max_pwrlevel")}
     with serving(monkeypatch, tmp_path / "state", phone):
-        assert main(["android", "bench"]) == 2
-    err = capsys.readouterr().err
-    assert "takes no phone device or battery meter" in err and "phone_rig" in err
-    assert phone.commands_run == [], "nothing touched the phone"
+        assert main(["android", "bench", "--model", str(tiny_gguf)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{") :])
+    assert report["simulated"] is False
+    assert report["energy_source"].startswith("measured")
+    assert set(report["controllers"]) == {"default", "tmpc"}
+    for row in report["controllers"].values():
+        assert row["tokens_per_s"] > 0 and row["energy_per_token_j"] is not None
+    assert {f: (kgsl / f).read_text() for f in before} == before
 
 
 def _fake_runner(monkeypatch: pytest.MonkeyPatch, fn) -> None:

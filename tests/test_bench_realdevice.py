@@ -6,6 +6,7 @@ dir; the code path is the one a phone or a Jetson takes.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from fakesysfs import make_jetson_orin, make_rapl, write
@@ -28,11 +29,13 @@ def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
     counter = rapl["energy_uj"]
     stop = threading.Event()
 
-    def tick():  # the package draws 2 W while the benchmark runs
+    def tick():  # the package draws about 2 W while the benchmark runs
         uj = int(counter.read_text())
-        while not stop.wait(0.01):
-            uj += 20_000
-            write(counter, uj)
+        while not stop.wait(0.001):
+            uj += 2_000
+            tmp = counter.with_suffix(".tmp")
+            write(tmp, uj)
+            os.replace(tmp, counter)  # atomic: the meter never reads a half-written file
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
@@ -40,7 +43,7 @@ def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
         cfg = BenchConfig(
             model=str(tiny_gguf),
             prompts=["hello the world"],
-            max_tokens=8,
+            max_tokens=32,
             n_ctx=256,
             controllers=["default", "tmpc", "oracle"],
             live_rounds=0,

@@ -287,11 +287,14 @@ def build_report(
     base = results.get("default")
     oracle = results.get("oracle")
     oracle_saving = (
-        1 - oracle.energy_per_token_j / base.energy_per_token_j if base and oracle else None
+        1 - oracle.energy_per_token_j / base.energy_per_token_j
+        if base and oracle and base.energy_per_token_j
+        else None
     )
     ctrls: dict[str, Any] = {}
     for name, r in results.items():
-        saving = 1 - r.energy_per_token_j / base.energy_per_token_j if base else None
+        base_e = base.energy_per_token_j if base else 0.0
+        saving = 1 - r.energy_per_token_j / base_e if base_e else None
         latency = r.tpot_ms / base.tpot_ms - 1 if base and base.tpot_ms else None
         frac = saving / oracle_saving if saving is not None and oracle_saving else None
         ctrls[name] = {

@@ -137,11 +137,21 @@ def _bench(args: argparse.Namespace) -> int:
     from ..devices.base import DeviceError
 
     options = {k: v for k, v in (("model", args.model), ("controller", args.controller)) if v}
+    from ..bench.runner import BenchError
+
     try:
         result = run(args.serial, options, force_charging=args.force_charging, settings=_settings())
-    except (RunnerMissing, DeviceError) as e:
+    except (RunnerMissing, DeviceError, BenchError) as e:
         raise CliError(str(e)) from e
-    if result is not None:
+    report = getattr(result, "report", None)
+    if report is not None:
+        from rich.console import Console
+
+        from ..bench.report import table
+
+        Console().print(table(report))
+        print(json.dumps(report, indent=2, sort_keys=True))
+    elif result is not None:
         print(result if isinstance(result, str) else json.dumps(result, indent=2, default=str))
     return 0
 
