@@ -61,6 +61,12 @@ def live_line(report: dict[str, Any]) -> str | None:
         f"live engine A/B on this host (measured, not simulated): power saving on "
         f"{live['tokens_per_s_on']:.1f} tok/s vs off {live['tokens_per_s_off']:.1f} tok/s, "
         f"median ratio {live['ratio']:.3f} over {live['rounds']} interleaved rounds"
+        + (
+            f"; simulated-GPU accounting {live['accounting_ms_per_token']:.1f} ms CPU per "
+            "token, after each request, off the decode path"
+            if live.get("accounting_ms_per_token") is not None
+            else ""
+        )
     )
 
 
