@@ -52,12 +52,12 @@ def _no_decoder(raw: Any) -> list[Event]:
 class PowerSession:
     """Hot path: ``on_*`` methods only append events and undecoded hook records to a
     pending list (a numpy copy per decode call; no per-node Python work). Decoding,
-    segment derivation and simulated accounting run on a worker thread, woken when a
-    request ends or when more than ``WAKE_RECORDS`` records wait, and synchronously
-    when something reads the timeline or the figures."""
+    segment derivation and simulated accounting run on a worker thread while no
+    request is in flight (or once more than ``WAKE_RECORDS`` records wait, to bound
+    memory), and synchronously when something reads the timeline or the figures."""
 
     SLICE_RECORDS = 128  # decoded between GIL hand-offs: about 0.5 ms of work
-    WAKE_RECORDS = 65_536  # about 15 MB of raw records, ~90 gemma-3-270m decode steps
+    WAKE_RECORDS = 262_144  # about 60 MB of raw records, ~320 gemma-3-270m decode steps
 
     def __init__(self, settings: PowerSettings, hook: EvalHook, live: Live | None = None) -> None:
         self.settings = settings
@@ -72,6 +72,7 @@ class PowerSession:
         self._derive_lock = threading.Lock()  # one materialisation at a time, in order
         self._graph = -1
         self._requests = 0
+        self._in_flight = 0
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
         self._closed = False
@@ -149,6 +150,7 @@ class PowerSession:
 
     def on_request_begin(self, n_prompt: int) -> None:
         self._requests += 1
+        self._in_flight += 1
         self.emit(EventKind.REQUEST_BEGIN, n_tokens=n_prompt)
 
     def on_token(self, index: int) -> None:
@@ -156,6 +158,7 @@ class PowerSession:
         self.emit(EventKind.TOKEN, token=index)
 
     def on_request_end(self, n_generated: int) -> None:
+        self._in_flight -= 1
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
         self._wake.set()
@@ -167,6 +170,8 @@ class PowerSession:
             self._wake.clear()
             if self._closed:
                 return
+            if self._in_flight > 0 and self._pending_records <= self.WAKE_RECORDS:
+                continue  # a request is decoding; the end of the last one wakes us
             try:
                 self.materialize()
                 if isinstance(self.live, SimulatedAccount):
