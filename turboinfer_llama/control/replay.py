@@ -6,7 +6,9 @@ the controller in time order, so a controller cannot see anything before it happ
 Kernels are re-timed by the simulator at its current clock; stalls keep their
 recorded duration. Decisions land through ``set_hz`` at their ``at_ns``: stalls are
 split at decision times, and so are kernels (the simulator's kernel time is linear in
-the kernel's work), as a live driver call lands while a kernel runs. Every controller
+the kernel's work above its floor; a kernel that short runs whole), as a live driver
+call lands while a kernel runs. Submit and sample stalls are attributed to their graph
+(``with_graphs``), as the live engine's events are. Every controller
 call is timed with ``time.perf_counter_ns``.
 
 Event placement: at ``kernel`` granularity (recorded with per-kernel timing) every
@@ -22,6 +24,7 @@ result replaces the decisions of the previous poll.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import statistics
 import time
@@ -186,7 +189,9 @@ class _Runner:
             now = self.dev.now_ns()
             full_ns = self.dev.kernel_ns(c.flops * left, c.bytes * left)
             due = self.next_due()
-            if due is not None and now < due < now + full_ns - 1_000:
+            # split only where time is linear in work: not under the kernel floor
+            floor = self.dev.profile.kernel_floor_ns
+            if due is not None and now + floor < due < now + full_ns - max(1_000, floor):
                 frac = left * (due - now) / full_ns
                 self.dev.run_kernel(c.op, c.flops * frac, c.bytes * frac, phase=seg.phase)
                 left -= frac
@@ -194,6 +199,32 @@ class _Runner:
                 self.dev.run_kernel(c.op, c.flops * left, c.bytes * left, phase=seg.phase)
                 left = 0.0
             self.apply_due()
+
+
+def with_graphs(segments: Sequence[Segment]) -> list[Segment]:
+    """The segments with each submit/sample stall carrying its graph id.
+
+    The engine's timeline leaves stalls without a graph (``graph=-1``): a submit
+    stall belongs to the graph whose first kernel follows it, a sample stall to the
+    graph whose last kernel precedes it. Replay and oracle key events on graph ids,
+    so they fill them in here (the recorded segments are not modified)."""
+    out = list(segments)
+    nxt = -1
+    for i in range(len(out) - 1, -1, -1):
+        s = out[i]
+        if s.kind == "kernel":
+            nxt = s.graph
+        elif s.stall is StallKind.SUBMIT and s.graph < 0 and nxt >= 0:
+            out[i] = dataclasses.replace(s, graph=nxt)
+    prev = -1
+    for i, s in enumerate(out):
+        if s.kind == "kernel":
+            prev = s.graph
+        elif s.stall is StallKind.SAMPLE and s.graph < 0 and prev >= 0:
+            out[i] = dataclasses.replace(s, graph=prev)
+        elif s.stall is StallKind.IDLE:
+            prev = -1
+    return out
 
 
 def _graphs(segments: Sequence[Segment]) -> dict[int, list[Segment]]:
@@ -224,6 +255,7 @@ def replay(
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
     if not segments:
         raise ValueError("replay needs at least one segment")
+    segments = with_graphs(segments)
     reseed = getattr(controller, "reseed", None)
     if callable(reseed):
         reseed(seed)
@@ -297,10 +329,10 @@ def replay(
                 r.gap(seg.dur_ns, kind.value, seg.phase)
             else:  # SAMPLE
                 end_graph()
-                r.emit(EventKind.SAMPLE_BEGIN, graph=seg.graph, token=seg.token)
+                r.emit(EventKind.SAMPLE_BEGIN, graph=graph, token=seg.token)
                 r.gap(seg.dur_ns, kind.value, seg.phase, timer=True)
-                r.emit(EventKind.SAMPLE_END, graph=seg.graph, token=seg.token)
-                r.emit(EventKind.TOKEN, graph=seg.graph, token=seg.token)
+                r.emit(EventKind.SAMPLE_END, graph=graph, token=seg.token)
+                r.emit(EventKind.TOKEN, graph=graph, token=seg.token)
                 if request >= 0:
                     r.token_times[request].append(device.now_ns())
             continue
