@@ -321,6 +321,8 @@ def build_report(
             "switches_per_s": r.switches_per_s,
             "decision_us_median": r.decision_us_median if cfg.timing else None,
             "energy_j": r.energy_j,
+            "energy_by_phase_j": dict(sorted(r.energy_by_phase_j.items())),
+            "duration_s": r.duration_s,
             "tokens": r.tokens,
             "simulated": r.simulated,
         }
