@@ -168,3 +168,11 @@ def test_trace_export_and_stats(recorded, tmp_path, capsys):
     stats = json.loads(capsys.readouterr().out)
     assert stats["stalls"]["sample"]["count"] > 0 and stats["kernels"]["count"] > 0
     assert main(["trace", "stats", str(tmp_path / "missing.json")]) == 2
+
+
+def test_table_labels_simulated_energy(recorded, capsys):
+    rec, _ = recorded
+    assert _bench("--replay", str(rec), "--controllers", "default,tmpc") == 0
+    out = capsys.readouterr().out
+    assert "energy/token (mJ) [simulated]" in out and "avg power (W) [simulated]" in out
+    assert "tmpc" in out

@@ -46,7 +46,7 @@ def table(report: dict[str, Any]) -> Table:
     t.add_column("controller")
     for _key, head, unit in COLUMNS:
         if unit in ("mJ", "W"):
-            head = f"{head} [{label}]"
+            head = f"{head} \\[{label}]"  # escaped: rich reads [..] as markup
         t.add_column(head, justify="right")
     for name, row in report["controllers"].items():
         t.add_row(name, *(_fmt(row.get(k), unit) for k, _h, unit in COLUMNS))
