@@ -98,7 +98,7 @@ class Oracle:
         *,
         latency_slack: float = 0.02,
         budgets_ns: dict[str, float] | None = None,
-        refine: int = 5,
+        refine: int = 8,
     ) -> None:
         from ..replay import replay
         from .simple import DefaultGovernor
@@ -150,11 +150,18 @@ class Oracle:
         best: dict[str, tuple[float, np.ndarray]] = {}
         bad = {ph: float("inf") for ph in groups}
         tried: set[bytes] = set()
+        step = {ph: 1_000.0 for ph in groups}
+        over: set[str] = set()
         for _ in range(refine + 1):
             for ph, idx in groups.items():
                 self.schedule[idx] = self._solve(t[idx], e[idx], targets[ph])
             if self.schedule.tobytes() in tried:
-                break
+                if not over:
+                    break  # the targets cycle between schedules already replayed
+                for ph in over:  # still over budget: tighten harder
+                    step[ph] *= 4.0
+                    targets[ph] -= step[ph]
+                continue
             tried.add(self.schedule.tobytes())
             self._timeline()
             # check by replay; move each phase's target by its miss (the block model
@@ -163,6 +170,7 @@ class Oracle:
             self._t0 = None
             got = _phase_times(res)
             done = True
+            over = set()
             for ph, idx in groups.items():
                 if ph not in self.budgets_ns:
                     continue
@@ -171,8 +179,9 @@ class Oracle:
                 if miss <= 0 and (ph not in best or e_ph < best[ph][0]):
                     best[ph] = (e_ph, self.schedule[idx].copy())
                 if miss > 0:
+                    over.add(ph)
                     bad[ph] = min(bad[ph], targets[ph])
-                    targets[ph] -= max(1.1 * miss, 1_000.0)
+                    targets[ph] -= max(1.1 * miss, step[ph])
                     done = False
                 elif miss < -2e-4 * self.budgets_ns[ph]:
                     targets[ph] = min(targets[ph] - 0.9 * miss, 0.5 * (targets[ph] + bad[ph]))
