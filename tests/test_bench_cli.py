@@ -174,5 +174,6 @@ def test_table_labels_simulated_energy(recorded, capsys):
     rec, _ = recorded
     assert _bench("--replay", str(rec), "--controllers", "default,tmpc") == 0
     out = capsys.readouterr().out
-    assert "energy/token (mJ) [simulated]" in out and "avg power (W) [simulated]" in out
+    assert out.count("[simulated]") >= 2  # the energy and power column headers
+    assert "energy simulated" in out
     assert "tmpc" in out
