@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-STRETCH_NS = 60_000_000  # 60 ms of virtual time, starting at the first decode step
+STRETCH_NS = 60_000_000  # 60 ms of virtual time
 
 
 class PlotUnavailable(RuntimeError):
@@ -17,9 +17,12 @@ class PlotUnavailable(RuntimeError):
 
 
 def _stretch(intervals: list[tuple[int, int, int, str, str, float]]) -> list[tuple]:
-    start = next((iv[0] for iv in intervals if iv[4] == "decode"), None)
-    if start is None:
+    """A steady-state stretch: it starts a third of the way into the decode intervals,
+    past the default governor's ramp-up after prefill."""
+    decode = [iv[0] for iv in intervals if iv[4] == "decode"]
+    if not decode:
         return []
+    start = decode[len(decode) // 3]
     return [iv for iv in intervals if start <= iv[0] < start + STRETCH_NS]
 
 
