@@ -177,3 +177,24 @@ def test_table_labels_simulated_energy(recorded, capsys):
     assert out.count("[simulated]") >= 2  # the energy and power column headers
     assert "energy simulated" in out
     assert "tmpc" in out
+
+
+def test_ctrl_c_keeps_partial_results(recorded, tmp_path, monkeypatch):
+    import turboinfer_llama.bench.runner as runner
+
+    rec, _ = recorded
+    real_replay = runner.replay
+    calls = []
+
+    def interrupted_replay(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_replay(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "replay", interrupted_replay)
+    js = tmp_path / "partial.json"
+    assert _bench("--replay", str(rec), "--controllers", "default,tmpc", "--json", str(js)) == 130
+    report = json.loads(js.read_text())
+    assert report["interrupted"] is True
+    assert list(report["controllers"]) == ["default"]

@@ -133,10 +133,14 @@ def _open_sim(spec: str, record_intervals: bool = False) -> Any:
 
 
 def replay_all(
-    cfg: BenchConfig, segments: list[Segment], progress: Progress | None = None
-) -> tuple[dict[str, ReplayResult], dict[str, list[Any]]]:
-    results: dict[str, ReplayResult] = {}
-    intervals: dict[str, list[Any]] = {}
+    cfg: BenchConfig,
+    segments: list[Segment],
+    results: dict[str, ReplayResult],
+    intervals: dict[str, list[Any]],
+    progress: Progress | None = None,
+) -> None:
+    """Fill ``results`` (and ``intervals`` for the plot) controller by controller, so
+    an interrupt keeps every finished controller."""
     for i, name in enumerate(cfg.controllers):
         dev = _open_sim(cfg.device, record_intervals=name in ("default", "tmpc"))
         try:
@@ -155,7 +159,6 @@ def replay_all(
             dev.close()
         if progress:
             progress("replay", i + 1, len(cfg.controllers))
-    return results, intervals
 
 
 def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> dict[str, Any]:
@@ -429,7 +432,7 @@ def run_bench(
         segments = segments_of(events)
         if not any(s.kind == "kernel" for s in segments):
             raise BenchError("the trace has no kernels to replay")
-        results, intervals = replay_all(cfg, segments, progress)
+        replay_all(cfg, segments, results, intervals, progress)
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:
