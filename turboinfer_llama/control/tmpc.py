@@ -254,8 +254,9 @@ class TubeMPC:
         return got
 
     def _node_ask(self, ev: Event) -> Decision | None:
-        if ev.node >= len(self._nodes):
-            self._nodes.append(self._node_cost(ev))
+        # every ask is the graph's next node (ids are not positions: real graphs
+        # number their first node -1)
+        self._nodes.append(self._node_cost(ev))
         if self.in_compute:
             if self.stall_kind is StallKind.INTER_KERNEL:
                 self._ik_count += 1
@@ -287,8 +288,8 @@ class TubeMPC:
             self._predicted_graph_ns = float(k_rest[level] + host)
 
     def _node_done(self, ev: Event) -> Decision | None:
-        self.done = ev.node + 1
         self._node_level.append(self._effective(ev.t_ns))
+        self.done = len(self._node_level)
         self.stall_kind, self.t_stall = StallKind.INTER_KERNEL, ev.t_ns
         nominal = self._seg_nominal
         if nominal is None:
