@@ -120,7 +120,7 @@ class PhaseModel:
     def __init__(self, f_max_hz: float, *, forget: float = 0.95) -> None:
         self.f_max_hz = float(f_max_hz)
         self.forget = forget
-        self.theta = np.array([1.0, 1.0, 0.2, 1.0])
+        self.theta = np.array([1.0, 1.0, 0.2, 3.0])
         self._p0 = np.diag([0.5, 0.5, 0.05, 0.5])
         self.P = self._p0.copy()
         self.n_obs = 0
@@ -135,12 +135,17 @@ class PhaseModel:
         cf = c_ns * (self.f_max_hz / np.asarray(f_hz, dtype=np.float64))
         a, b = self.theta[0] * cf, self.theta[1] * m_ns
         comp = a >= b
+        lo = np.minimum(a, b)
+        # kernels at the minimum kernel time (the floor side wins) carry only the
+        # floor regressor: their time does not scale with the clock
+        floor = self.theta[3] * _LAUNCH_NS * launches
+        roof = ~((floor > np.maximum(a, b) + self.theta[2] * lo) & (launches > 0))
         return np.array(
             [
-                float(cf[comp].sum()),
-                float(m_ns[~comp].sum()),
-                float(np.minimum(a, b).sum()),
-                float(launches.sum() * _LAUNCH_NS),
+                float(cf[comp & roof].sum()),
+                float(m_ns[~comp & roof].sum()),
+                float(lo[roof].sum()),
+                float(launches[~roof].sum() * _LAUNCH_NS),
             ]
         )
 
@@ -175,9 +180,10 @@ class PhaseModel:
         scales with the clock (for the compute-bound fraction)."""
         a = self.theta[0] * c_ns[:, None] * (self.f_max_hz / levels_hz[None, :])
         b = self.theta[1] * m_ns[:, None]
-        t = np.maximum(a, b) + self.theta[2] * np.minimum(a, b)
-        t = t + self.theta[3] * _LAUNCH_NS * launches[:, None]
-        scaling = np.where(a >= b, a, self.theta[2] * a)
+        roof = np.maximum(a, b) + self.theta[2] * np.minimum(a, b)
+        floor = self.theta[3] * _LAUNCH_NS * launches[:, None]
+        t = np.maximum(roof, floor)
+        scaling = np.where(roof >= floor, np.where(a >= b, a, self.theta[2] * a), 0.0)
         return t, scaling
 
 

@@ -155,6 +155,8 @@ class TubeMPC:
         self.t_compute = t_ns
         self._nodes: list[tuple[float, float, float]] = []
         self._node_level: list[int] = []
+        self._node_hz: list[float] = []
+        self._ask_t = t_ns
         self.done = 0
         self.plan_level = self.top
         self._seg_start_t = t_ns
@@ -182,6 +184,25 @@ class TubeMPC:
             if at <= t_ns:
                 return level
         return self._initial
+
+    def _mean_hz(self, t0: int, t1: int) -> float:
+        """Time-weighted mean clock over ``[t0, t1]`` (a kernel that a switch lands in
+        runs part of its work at each clock; for compute-bound work this mean is exact)."""
+        lv0 = self._effective(t0)
+        lv1 = self._effective(t1)
+        if lv0 == lv1 or t1 <= t0:
+            return float(self.levels[lv1])
+        acc, t, lv = 0.0, t0, lv0
+        for at, level in self._hist:
+            land = at + self.s_ns
+            if land <= t0:
+                continue
+            if land >= t1:
+                break
+            acc += (land - t) * self.levels[lv]
+            t, lv = land, level
+        acc += (t1 - t) * self.levels[lv]
+        return acc / (t1 - t0)
 
     def _effective(self, t_ns: int) -> int:
         """The level in effect at ``t_ns`` (requests land one switch latency later)."""
@@ -216,7 +237,7 @@ class TubeMPC:
                 self.ref_elapsed_ns = 0.0
             self.phase = self._last_graph_phase = phase
             self.stall_kind, self.t_stall = StallKind.SUBMIT, ev.t_ns
-            self._nodes, self._node_level, self.done = [], [], 0
+            self._nodes, self._node_level, self._node_hz, self.done = [], [], [], 0
             return None
         if k is EventKind.DECODE_END:
             return self._graph_end(ev.t_ns)
@@ -257,6 +278,7 @@ class TubeMPC:
         # every ask is the graph's next node (ids are not positions: real graphs
         # number their first node -1)
         self._nodes.append(self._node_cost(ev))
+        self._ask_t = ev.t_ns
         if self.in_compute:
             if self.stall_kind is StallKind.INTER_KERNEL:
                 self._ik_count += 1
@@ -289,6 +311,7 @@ class TubeMPC:
 
     def _node_done(self, ev: Event) -> Decision | None:
         self._node_level.append(self._effective(ev.t_ns))
+        self._node_hz.append(self._mean_hz(self._ask_t, ev.t_ns))
         self.done = len(self._node_level)
         self.stall_kind, self.t_stall = StallKind.INTER_KERNEL, ev.t_ns
         nominal = self._seg_nominal
@@ -326,7 +349,9 @@ class TubeMPC:
             # at the middle of the compute (not at its end, where the drop has landed)
             mid = self._effective((self.t_compute + t_ns) // 2)
             lv = self._node_level + [mid] * (g.n - len(self._node_level))
-            f = self.levels[np.asarray(lv[: g.n])]
+            f = np.asarray(
+                (self._node_hz + [float(self.levels[mid])] * g.n)[: g.n], dtype=np.float64
+            )
             prior = self._templates.get(phase)
             if prior is not None and prior.n == g.n and self._predicted_graph_ns > 0:
                 self.rel_err.update(abs(measured - self._predicted_full()) / max(measured, 1.0))
