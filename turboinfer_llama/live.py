@@ -7,8 +7,9 @@ Two modes, chosen by the device:
   are asked for (``stats()``, ``energy()``), replays the completed requests through
   the controller on the simulator in virtual time — the same code path as
   ``turboinfer bench`` — and, in parallel, through the default governor on a shadow
-  simulator, for "energy saved vs default". Nothing of this runs on the decode path.
-  All its figures are simulated.
+  simulator, for "energy saved vs default". Nothing of this runs on the decode path;
+  it costs tens of ms of CPU per token (per-kernel replay, twice), paid by whoever
+  asks for the figures. All its figures are simulated.
 * **Real device** (kgsl, devfreq, kmod, adb). The controller runs in the producer's
   context through ``control.governor.Governor`` at the engine's Python event boundaries
   (decode begin/end, sample, token), and applies frequencies through the device.

@@ -173,9 +173,9 @@ class PowerSession:
             if self._in_flight > 0 and self._pending_records <= self.WAKE_RECORDS:
                 continue  # a request is decoding; the end of the last one wakes us
             try:
+                # Only the timeline: the simulated accounting replays per kernel (tens
+                # of ms of CPU per token) and runs when figures are asked for.
                 self.materialize()
-                if isinstance(self.live, SimulatedAccount):
-                    self.live.flush()
             except Exception:  # the worker must survive; the error is logged
                 log.exception("turboinfer timeline worker failed on a batch")
 
