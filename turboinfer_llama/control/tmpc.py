@@ -48,6 +48,9 @@ from .model import PowerTable, WorkloadModel, node_times
 from .reference import DefaultShadow, ShadowParams
 
 _SHADOW_CHUNKS = 24  # about one chunk per layer of a small model
+_PLAN_CHUNKS = 24  # blocks of the current graph that may each get their own level
+# prices on time (W = J/s) for the per-block Lagrangian search, cheapest first
+_LAMBDAS = np.concatenate([[0.0], np.geomspace(0.01, 1000.0, 63)])
 
 _COMBOS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -66,7 +69,22 @@ def _combos(n_levels: int, n_seg: int) -> tuple[np.ndarray, np.ndarray]:
 class _Graph:
     """Per-node work of one graph: compute/memory time at the top clock, launches."""
 
-    __slots__ = ("c_ns", "cum_k", "cum_launch", "d_row", "e_row", "launch", "m_ns", "n")
+    __slots__ = (
+        "c_ns",
+        "cd",
+        "ce",
+        "cum_k",
+        "cum_launch",
+        "d_row",
+        "e_row",
+        "edges",
+        "k",
+        "kh",
+        "launch",
+        "m_ns",
+        "n",
+        "node_chunk",
+    )
 
     def __init__(self, c_ns: np.ndarray, m_ns: np.ndarray, launch: np.ndarray) -> None:
         self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
@@ -85,6 +103,16 @@ class _Graph:
         # the whole graph per level: energy (busy kernels, idle host gaps) and time
         self.e_row = power.busy_w * self.cum_k[-1] + power.idle_w * host_ns
         self.d_row = self.cum_k[-1] + host_ns
+        # per node (for the nominal trajectory) and per block (for per-block levels)
+        self.k = k
+        self.kh = np.diff(self.cum_launch)
+        edges = np.unique(np.linspace(0, self.n, min(self.n, _PLAN_CHUNKS) + 1).astype(np.int64))
+        self.edges = edges
+        ck = np.diff(self.cum_k[edges], axis=0)
+        ch = np.diff(self.cum_launch[edges])[:, None]
+        self.ce = power.busy_w * ck + power.idle_w * ch
+        self.cd = ck + ch
+        self.node_chunk = np.repeat(np.arange(len(edges) - 1), np.diff(edges))
 
     def rest(self, done: int) -> tuple[np.ndarray, float]:
         """Kernel time per level and host time of the nodes after ``done``."""
@@ -142,6 +170,7 @@ class TubeMPC:
         self._margin_ns = 0.0
         self._last_graph_phase = "idle"
         self._graph_busy: int | None = None
+        self._lv_nodes: np.ndarray | None = None
 
     # ---- state ---------------------------------------------------------------------
 
@@ -290,24 +319,28 @@ class TubeMPC:
         self._end_stall(ev.t_ns)
         self.in_compute = True
         self.t_compute = ev.t_ns
+        self._lv_nodes = None
         level, plan = self._solve(ev.t_ns, in_compute=True)
-        self._start_segment(ev.t_ns, level)
+        self._start_segment(ev.t_ns, level, self._lv_nodes)
         d = self._request(ev.t_ns, level)
         self._set_plan(ev.t_ns, plan)
         return d
 
-    def _start_segment(self, t_ns: int, level: int) -> None:
+    def _start_segment(self, t_ns: int, level: int, lv: np.ndarray | None = None) -> None:
+        """Nominal trajectory of the rest of the graph: one level, or ``lv`` per node."""
         self.plan_level = level
         self._seg_start_t = t_ns
         self._seg_start_node = self.done
         tpl = self._templates.get(self.phase)
         self._seg_nominal = None
         if tpl is not None and tpl.n >= self.done:
-            base_k = tpl.cum_k[min(self.done, tpl.n), level]
-            base_l = tpl.cum_launch[min(self.done, tpl.n)]
-            self._seg_nominal = (tpl, base_k, base_l)
-            k_rest, host = tpl.rest(self.done)
-            self._predicted_graph_ns = float(k_rest[level] + host)
+            done = self.done
+            if lv is None or len(lv) != tpl.n - done:
+                lv = np.full(tpl.n - done, level, dtype=np.int64)
+            kn = tpl.k[np.arange(done, tpl.n), lv] + tpl.kh[done:]
+            cum = np.concatenate([[0.0], np.cumsum(kn)])
+            self._seg_nominal = (cum, lv)
+            self._predicted_graph_ns = float(cum[-1])
 
     def _node_done(self, ev: Event) -> Decision | None:
         self._node_level.append(self._effective(ev.t_ns))
@@ -317,14 +350,15 @@ class TubeMPC:
         nominal = self._seg_nominal
         if nominal is None:
             return None
-        tpl, base_k, base_l = nominal
-        if self.done > tpl.n:
+        cum, lv_plan = nominal
+        j = self.done - self._seg_start_node
+        if j >= len(cum) or j >= len(lv_plan):
             return None
-        lvl = self.plan_level
-        expect = tpl.cum_k[self.done, lvl] - base_k + tpl.cum_launch[self.done] - base_l
+        expect = cum[j]
         # deviation beyond what the plan can absorb (its tube and unused slack)
         err = (ev.t_ns - self._seg_start_t) - expect - self._margin_ns
-        if err <= 0 or self.plan_level >= self.top:
+        lvl = int(lv_plan[j])
+        if err <= 0 or lvl >= self.top:
             return None
         bump = math.ceil(self.gain * err / max(self._predicted_graph_ns, 1.0))
         new = min(self.top, lvl + bump)
@@ -365,8 +399,8 @@ class TubeMPC:
             g.tabulate(pm, self.levels, host, self.power)
             self._templates[phase] = g
             # reference: the shadow runs the same graph, calibrated by this measurement
-            k_all, host = g.rest(0)
-            pred_here = float(np.mean(k_all[np.asarray(lv[: g.n])])) + host
+            # against the (updated) model's time at the clocks each node really ran at
+            pred_here = float(pm.features(g.c_ns, g.m_ns, g.launch, f) @ pm.theta) + host
             scale = measured / pred_here if pred_here > 0 else 1.0
             ref = 0.0  # the shadow walks the graph in chunks, so its windows see the
             # graph's real mix of busy and host time (e.g. the long output matmul)
@@ -467,7 +501,20 @@ class TubeMPC:
         first = int(levels[0])
         if in_compute:
             left = float(d[0, first])
-            plan = self._stall_plan(t_ns, left, int(levels[1]) if nc > 1 else first)
+            nxt = int(levels[1]) if nc > 1 else first
+            if masked[int(masked.argmin())] < np.inf and cur_tpl.n > self.done:
+                # per-block levels for the rest of this graph, in the budget the
+                # horizon leaves it (later graphs keep their planned level)
+                fut = sum(float(d[i, levels[i]]) for i in range(1, nc))
+                got = self._block_plan(t_ns, cur_tpl, budget - fut)
+                if got is not None:
+                    first, left, plan = got
+                    used = left + fut
+                    self._margin_ns = (
+                        max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
+                    )
+                    return first, plan + self._stall_plan(t_ns, left, nxt)
+            plan = self._stall_plan(t_ns, left, nxt)
             return first, plan
         plan = []
         if droppable:
@@ -478,6 +525,51 @@ class TubeMPC:
         else:
             plan.append(Decision(self.levels_int[first], t_ns, "tmpc: short stall"))
         return first, plan
+
+    def _block_plan(
+        self, t_ns: int, tpl: _Graph, cap: float
+    ) -> tuple[int, float, list[Decision]] | None:
+        """Levels per block of the rest of the graph with the least predicted energy
+        whose time fits ``cap``: a price on time (Lagrangian) picks each block's
+        level independently, the cheapest price that fits wins, and the blocks of
+        the next cheaper price are taken in order while the time left allows. Sets
+        ``self._lv_nodes``; returns the first level, the predicted time and the timed
+        switches between blocks (each issued one switch latency early)."""
+        done = self.done
+        c0 = int(tpl.node_chunk[done])
+        E = tpl.ce[c0:].copy()
+        D = tpl.cd[c0:].copy()
+        e0 = int(tpl.edges[c0])
+        part_k = tpl.cum_k[done] - tpl.cum_k[e0]
+        part_h = tpl.cum_launch[done] - tpl.cum_launch[e0]
+        D[0] -= part_k + part_h
+        E[0] -= self.power.busy_w * part_k + self.power.idle_w * part_h
+        choice = (E[None] + _LAMBDAS[:, None, None] * D[None]).argmin(axis=2)
+        nb = len(D)
+        rows = np.arange(nb)
+        T = D[rows[None, :], choice].sum(axis=1)
+        ok = T <= cap
+        if not ok.any():
+            return None
+        i = int(ok.argmax())
+        a = choice[i].copy()
+        if i > 0:
+            b = choice[i - 1]
+            dt = D[rows, b] - D[rows, a]
+            fits = np.cumsum(dt) <= cap - T[i]
+            k = int(fits.argmin()) if not fits.all() else nb
+            a[:k] = b[:k]
+        d_blk = D[rows, a]
+        ends = np.cumsum(d_blk)
+        plan = []
+        for j in range(1, nb):
+            if a[j] != a[j - 1]:
+                at = max(t_ns, t_ns + int(ends[j - 1]) - self.s_ns)
+                plan.append(Decision(self.levels_int[int(a[j])], at, "tmpc: block"))
+        sizes = np.diff(tpl.edges[c0:]).copy()
+        sizes[0] -= done - e0
+        self._lv_nodes = np.repeat(a, sizes)
+        return int(a[0]), float(ends[-1]), plan
 
     # ---- timer path ------------------------------------------------------------------
 
