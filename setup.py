@@ -8,6 +8,7 @@ build carries on without it and the package uses its pure-Python callback.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -19,13 +20,13 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as e:  # noqa: BLE001 - any compiler failure means fallback
+        except Exception as e:  # any compiler failure means the pure-Python fallback
             self._skip(e)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._skip(e)
 
     @staticmethod
@@ -49,7 +50,7 @@ setup(
     version="0.1.0",
     description="Stall-aware GPU frequency control for llama.cpp (TurboInfer design) "
     "on llama-cpp-python",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.10",
