@@ -171,6 +171,8 @@ class TubeMPC:
         self._last_graph_phase = "idle"
         self._graph_busy: int | None = None
         self._lv_nodes: np.ndarray | None = None
+        self._live_ref: float | None = None
+        self._live_t = 0
 
     # ---- state ---------------------------------------------------------------------
 
@@ -320,6 +322,15 @@ class TubeMPC:
         self.in_compute = True
         self.t_compute = ev.t_ns
         self._lv_nodes = None
+        self._live_ref = None
+        if self._templates.get(self.phase) is None:
+            # nothing to predict this graph from: follow the default governor's shadow
+            # live, node by node (same clock as the default, so no latency debt)
+            self._live_ref, self._live_t = 0.0, ev.t_ns
+            self._seg_nominal = None
+            d = self._request(ev.t_ns, self.shadow.level)
+            self._set_plan(ev.t_ns, [])
+            return d
         level, plan = self._solve(ev.t_ns, in_compute=True)
         self._start_segment(ev.t_ns, level, self._lv_nodes)
         d = self._request(ev.t_ns, level)
@@ -347,6 +358,15 @@ class TubeMPC:
         self._node_hz.append(self._mean_hz(self._ask_t, ev.t_ns))
         self.done = len(self._node_level)
         self.stall_kind, self.t_stall = StallKind.INTER_KERNEL, ev.t_ns
+        if self._live_ref is not None:
+            c, m, launch = self._nodes[-1]
+            k, _ = self.model.phases[self.phase].level_times(
+                np.array([c]), np.array([m]), np.array([launch]), self.levels
+            )
+            host = max(0.0, float(self._ask_t - self._live_t))
+            self._live_ref += self.shadow.run_compute(k[0], host)
+            self._live_t = ev.t_ns
+            return self._request(ev.t_ns, self.shadow.level)
         nominal = self._seg_nominal
         if nominal is None:
             return None
@@ -407,8 +427,12 @@ class TubeMPC:
             edges = np.linspace(0, g.n, min(g.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
             k_chunks = np.diff(g.cum_k[edges], axis=0) * scale
             h_chunks = np.diff(g.cum_launch[edges]) * scale
+            if self._live_ref is not None and len(self._node_level) > 0:
+                ref = self._live_ref  # the shadow already ran this graph, live
+                k_chunks = h_chunks = np.zeros((0,))
             for kc, hc in zip(k_chunks, h_chunks, strict=True):
                 ref += self.shadow.run_compute(kc, float(hc))
+            self._live_ref = None
         else:
             ref = float(measured)
             self.shadow.run_stall(measured)
