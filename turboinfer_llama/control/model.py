@@ -5,13 +5,18 @@
   the work, low means it is too high. Without a PMU we fall back to busy time
   (busy fraction of the window). A jump in intensity re-opens the estimator below.
 * **Time model** (:class:`PhaseModel`), one per phase (prefill, decode, kv):
-  each node's time at clock ``f`` is a roofline on the cost model's numbers,
-  ``max(th_c * c * f_max/f, th_m * m) + th_o * launch``, where ``c``/``m`` are the
-  node's compute/memory times at the top clock from ``engine.graph`` and ``th`` are
-  efficiency factors. Given which side of the roofline each node is on, observed
-  time is linear in ``th``, so recursive least squares with forgetting identifies
-  them from (work, clock, time) observations. The compute-bound fraction at ``f``
-  follows: the share of predicted time on the compute side.
+  each node's time at clock ``f`` is a roofline on the cost model's numbers with a
+  minimum kernel time, ``max(max(a, b) + th_x * min(a, b), th_o * launch)`` with
+  ``a = th_c * c * f_max/f`` and ``b = th_m * m``, where ``c``/``m`` are the node's
+  compute/memory times at the top clock from ``engine.graph`` and ``th`` are
+  efficiency factors (``th_o`` in units of 1 us: the floor a launched kernel never
+  goes below -- dispatch, wave launch, cache flush; on small models about half the
+  decode kernels sit on it, and their time does not scale with the clock). Given
+  which side of each max a node is on, observed time is linear in ``th``, so
+  recursive least squares with forgetting identifies them from (work, clock, time)
+  observations; a node that a clock switch landed in is fitted at its time-weighted
+  mean clock. The compute-bound fraction at ``f`` follows: the share of predicted
+  time on the compute side.
 * **Sweet spot**: the level minimising predicted busy energy ``P_busy(f) * t(f)`` for
   a phase's graph under current conditions.
 """
@@ -25,8 +30,9 @@ import numpy as np
 from ..devices.base import Counters
 from ..engine.graph import REF_BYTES_PER_S, REF_OPS_PER_S
 
-# Nominal cost of launching one (non-no-op) kernel, ns, before identification. The RLS
-# rescales it; the value only matters for the first graph.
+# Unit of the minimum-kernel-time term, ns. The prior ``th_o = 3`` (3 us) is a typical
+# mobile-GPU minimum kernel time; it must not start far below the true floor, or no
+# kernel is classified as floor-bound and the RLS cannot find the floor.
 _LAUNCH_NS = 1_000.0
 
 

@@ -27,6 +27,18 @@ by the upper quantile ``r`` of past relative graph-time errors: ``r * (d - d_ref
 Stalls add how far below its lower bound a stall has been seen to end (the raise is
 timed on the lower bound) times the largest slowdown a low clock can cause.
 
+Inside the current graph the plan is finer than one level: the graph is cut into
+blocks (about one per layer, and the output projection on its own), and the time the
+horizon leaves it is shared out by a price on time (Lagrangian relaxation): for each
+price every block takes its cheapest level at that price, the cheapest price whose
+blocks fit wins, and blocks of the next cheaper price are taken in order while the
+time left allows. Memory-bound blocks (the output projection) go low, blocks whose
+time scales with the clock stay higher; switches between blocks are issued one
+switch latency early.
+
+A graph with no template yet (the first prefill, the first decode graph) follows the
+default governor's shadow live, node by node: same clock, no debt.
+
 Ancillary feedback: inside a graph, every node completion compares elapsed time with
 the nominal plan; ``level = planned + ceil(K * error / predicted graph time)``, so
 falling behind pulls the clock up at once. Debt beyond the allowance shrinks the
@@ -172,6 +184,7 @@ class TubeMPC:
         self._graph_busy: int | None = None
         self._lv_nodes: np.ndarray | None = None
         self._live_ref: float | None = None
+        self._seg_nominal: tuple[np.ndarray, np.ndarray] | None = None
         self._live_t = 0
 
     # ---- state ---------------------------------------------------------------------
@@ -402,7 +415,6 @@ class TubeMPC:
             # nodes without a completion event (graph granularity): the level in effect
             # at the middle of the compute (not at its end, where the drop has landed)
             mid = self._effective((self.t_compute + t_ns) // 2)
-            lv = self._node_level + [mid] * (g.n - len(self._node_level))
             f = np.asarray(
                 (self._node_hz + [float(self.levels[mid])] * g.n)[: g.n], dtype=np.float64
             )
@@ -526,10 +538,12 @@ class TubeMPC:
         if in_compute:
             left = float(d[0, first])
             nxt = int(levels[1]) if nc > 1 else first
-            if masked[int(masked.argmin())] < np.inf and cur_tpl.n > self.done:
+            ok = cur_tpl is not None and cur_tpl.n > self.done
+            if ok and masked[int(masked.argmin())] < np.inf:
                 # per-block levels for the rest of this graph, in the budget the
                 # horizon leaves it (later graphs keep their planned level)
                 fut = sum(float(d[i, levels[i]]) for i in range(1, nc))
+                assert cur_tpl is not None
                 got = self._block_plan(t_ns, cur_tpl, budget - fut)
                 if got is not None:
                     first, left, plan = got
@@ -571,8 +585,8 @@ class TubeMPC:
         choice = (E[None] + _LAMBDAS[:, None, None] * D[None]).argmin(axis=2)
         nb = len(D)
         rows = np.arange(nb)
-        T = D[rows[None, :], choice].sum(axis=1)
-        ok = T <= cap
+        tot = D[rows[None, :], choice].sum(axis=1)
+        ok = tot <= cap
         if not ok.any():
             return None
         i = int(ok.argmax())
@@ -580,7 +594,7 @@ class TubeMPC:
         if i > 0:
             b = choice[i - 1]
             dt = D[rows, b] - D[rows, a]
-            fits = np.cumsum(dt) <= cap - T[i]
+            fits = np.cumsum(dt) <= cap - tot[i]
             k = int(fits.argmin()) if not fits.all() else nb
             a[:k] = b[:k]
         d_blk = D[rows, a]
