@@ -31,6 +31,31 @@ def test_rls_identifies_the_roofline_factors_across_frequencies():
     np.testing.assert_allclose(got.sum(axis=0), want.sum(axis=0), rtol=0.03)
 
 
+def test_rls_finds_the_minimum_kernel_time_of_the_simulator():
+    """Half the kernels of a small decode graph sit on the simulator's floor: their time
+    does not scale with the clock, and the model must not believe it does."""
+    from turboinfer_llama.control.model import node_times
+    from turboinfer_llama.devices.sim import SimGpu
+
+    prof = SimGpu().profile
+    rng = np.random.default_rng(1)
+    flops = np.concatenate([rng.uniform(1e3, 1e5, 40), rng.uniform(1e6, 5e7, 40)])
+    bytes_ = np.concatenate([rng.uniform(1e2, 1e4, 40), rng.uniform(1e5, 5e6, 40)])
+    c, m = node_times(flops, bytes_)
+    ln = np.ones(len(c))
+    levels = [int(h) for h in prof.levels_hz]
+    model = PhaseModel(levels[-1])
+    for i in range(60):
+        f = levels[i % len(levels)]
+        y = sum(prof.kernel_ns(a, b, f) for a, b in zip(flops, bytes_, strict=True))
+        model.update(model.features(c, m, ln, float(f)), y)
+    got, _ = model.level_times(c, m, ln, np.array(levels, dtype=float))
+    want = [
+        sum(prof.kernel_ns(a, b, f) for a, b in zip(flops, bytes_, strict=True)) for f in levels
+    ]
+    np.testing.assert_allclose(got.sum(axis=0), want, rtol=0.01)
+
+
 def test_compute_bound_fraction_rises_as_the_clock_drops():
     wm = WorkloadModel(PowerTable.assumed(LEVELS))
     c, m, ln = np.full(10, 5e3), np.full(10, 8e3), np.ones(10)
