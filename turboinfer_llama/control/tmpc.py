@@ -184,6 +184,7 @@ class TubeMPC:
         self._graph_busy: int | None = None
         self._lv_nodes: np.ndarray | None = None
         self._live_ref: float | None = None
+        self._decode_acc = (0.0, 0.0)  # decode (debt, reference) over past requests
         self._seg_nominal: tuple[np.ndarray, np.ndarray] | None = None
         self._live_t = 0
 
@@ -276,9 +277,10 @@ class TubeMPC:
             phase = "prefill" if ev.n_tokens > 1 else "decode"
             if phase == "decode" and self._last_graph_phase == "prefill":
                 # TTFT is settled: decode gets its own budget (TPOT), neither using
-                # time the prefill saved nor paying for time it lost
-                self.debt_ns = 0.0
-                self.ref_elapsed_ns = 0.0
+                # time the prefill saved nor paying for time it lost. TPOT is the mean
+                # over every token of the run, so the decode budget carries over from
+                # earlier requests (their unused slack, or their overrun)
+                self.debt_ns, self.ref_elapsed_ns = self._decode_acc
             self.phase = self._last_graph_phase = phase
             self.stall_kind, self.t_stall = StallKind.SUBMIT, ev.t_ns
             self._nodes, self._node_level, self._node_hz, self.done = [], [], [], 0
@@ -292,6 +294,8 @@ class TubeMPC:
         if k in (EventKind.REQUEST_END, EventKind.IDLE):
             if self.stall_kind is not StallKind.IDLE:
                 self._end_stall(ev.t_ns)
+                if self._last_graph_phase == "decode":  # before the idle gap: no TPOT
+                    self._decode_acc = (self.debt_ns, self.ref_elapsed_ns)
                 self.stall_kind, self.t_stall = StallKind.IDLE, ev.t_ns
             self._set_plan(ev.t_ns, [])
             return self._request(ev.t_ns, 0)
