@@ -231,3 +231,21 @@ def test_export_trace(tiny_gguf, tmp_path):
     assert "MUL_MAT" in names and "sample" in names and "submit" in names
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert all(e["dur"] >= 0 for e in slices)
+
+
+def test_worker_yields_to_a_decoding_request_and_loses_nothing(tiny_gguf):
+    with _ours(tiny_gguf, {"granularity": "kernel", "controller": "none"}) as llm:
+        power = llm.power
+        power.materialize()
+        llm.create_completion(PROMPT, **GREEDY)
+        power._in_flight += 1  # as if the next request had started decoding
+        try:
+            power.materialize(yield_to_requests=True)
+            assert power._pending, "the worker derived while a request was decoding"
+        finally:
+            power._in_flight -= 1
+        power.materialize(yield_to_requests=True)
+        assert not power._pending
+        st = power.stats()
+    assert st["events"]["request_end"] == 1 and st["events"]["node_done"] > 0
+    assert st["events"]["node_ask"] == st["events"]["node_done"]

@@ -175,28 +175,42 @@ class PowerSession:
             try:
                 # Only the timeline: the simulated accounting replays per kernel (tens
                 # of ms of CPU per token) and runs when figures are asked for.
-                self.materialize()
+                self.materialize(yield_to_requests=True)
             except Exception:  # the worker must survive; the error is logged
                 log.exception("turboinfer timeline worker failed on a batch")
 
     # -- deferred derivation -----------------------------------------------------
-    def materialize(self) -> None:
-        """Decode pending records into the timeline and hand segments to the sinks."""
+    def materialize(self, *, yield_to_requests: bool = False) -> None:
+        """Decode pending records into the timeline and hand segments to the sinks.
+
+        ``yield_to_requests`` (the worker): stop as soon as a request starts decoding,
+        unless the backlog is over ``WAKE_RECORDS``, and leave the rest pending."""
         with self._derive_lock:
             with self._swap_lock:
                 items, self._pending = self._pending, []
-                self._pending_records = 0
+                backlog, self._pending_records = self._pending_records, 0
             tl = self._timeline
             account = self.live if isinstance(self.live, SimulatedAccount) else None
-            for item in items:
+            for n, item in enumerate(items):
+                if yield_to_requests and self._in_flight > 0 and backlog <= self.WAKE_RECORDS:
+                    self._requeue(items[n:])
+                    return
                 if isinstance(item, Event):
                     self._publish(tl.append(item))
                     if account is not None and item.kind is EventKind.REQUEST_END:
                         account.request_done()
-                else:
-                    for i in range(0, len(item), self.SLICE_RECORDS):
-                        self._publish(tl.extend(self._decode_raw(item[i : i + self.SLICE_RECORDS])))
-                        time.sleep(0)  # let the decode thread take the GIL between slices
+                    continue
+                backlog -= len(item)
+                for i in range(0, len(item), self.SLICE_RECORDS):
+                    self._publish(tl.extend(self._decode_raw(item[i : i + self.SLICE_RECORDS])))
+                    time.sleep(0)  # let the decode thread take the GIL between slices
+
+    def _requeue(self, items: list[Any]) -> None:
+        """Put undone items back in front of whatever arrived meanwhile."""
+        n_records = sum(len(it) for it in items if not isinstance(it, Event))
+        with self._swap_lock:
+            self._pending = items + self._pending
+            self._pending_records += n_records
 
     def _publish(self, segments: list[Segment]) -> None:
         if segments:
