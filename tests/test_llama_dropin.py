@@ -237,9 +237,9 @@ def test_worker_yields_to_a_decoding_request_and_loses_nothing(tiny_gguf):
     with _ours(tiny_gguf, {"granularity": "kernel", "controller": "none"}) as llm:
         power = llm.power
         power.materialize()
-        llm.create_completion(PROMPT, **GREEDY)
-        power._in_flight += 1  # as if the next request had started decoding
+        power._in_flight += 1  # as if another request were decoding all along
         try:
+            llm.create_completion(PROMPT, **GREEDY)
             power.materialize(yield_to_requests=True)
             assert power._pending, "the worker derived while a request was decoding"
         finally:
