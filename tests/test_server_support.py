@@ -3,25 +3,23 @@ loopback port (``--port 0``; the port is read from uvicorn's start line)."""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import openai
 
-STARTED = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+from turboinfer_llama.bench.server_ab import Server
+
 MODEL = "tiny"
 # Keep the server light on the shared CI cores.
 BASE_ARGS = ("--model-alias", MODEL, "--n-threads", "1", "--n-threads-batch", "1")
 
 
-class ServerProcess:
+class ServerProcess(Server):
     """One server subprocess; its output is collected for assertions and failures."""
 
     def __init__(self, model: Path, *args: str, env: dict[str, str] | None = None) -> None:
@@ -38,38 +36,7 @@ class ServerProcess:
             *BASE_ARGS,
             *args,
         ]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        self.lines: list[str] = []
-        self._port: int | None = None
-        self._started = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-        if not self._started.wait(120) or self._port is None:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + self.output)
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = STARTED.search(line)
-            if m:
-                self._port = int(m.group(1))
-                self._started.set()
-        self._started.set()
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
+        super().__init__("turboinfer", cmd, env=env, start_timeout_s=120)
 
     def client(self, api_key: str = "none") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)

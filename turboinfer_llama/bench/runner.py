@@ -120,9 +120,7 @@ def record_runs(cfg: BenchConfig, model: str, progress: Progress | None = None) 
 
 
 def segments_of(events: list[Event]) -> list[Segment]:
-    tl = Timeline(max_events=max(len(events), 1))
-    tl.extend(events)
-    return tl.segments()
+    return Timeline.from_events(events).segments()
 
 
 def _open_sim(spec: str, record_intervals: bool = False) -> Any:

@@ -51,16 +51,27 @@ def default_model() -> str:
 class Server:
     """A server subprocess whose port is read from uvicorn's start line."""
 
-    def __init__(self, name: str, cmd: list[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        start_timeout_s: float = 300,
+    ) -> None:
         self.name = name
         self.lines: list[str] = []
         self.port: int | None = None
         self._ready = threading.Event()
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
         )
         threading.Thread(target=self._pump, daemon=True).start()
-        if not self._ready.wait(300) or self.port is None:
+        if not self._ready.wait(start_timeout_s) or self.port is None:
             self.close()
             raise RuntimeError(f"{name} server did not start:\n" + "".join(self.lines[-30:]))
 
@@ -77,6 +88,10 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -31,9 +31,7 @@ def _load(path: str) -> Any:
         raise CliError(f"trace not found: {path}") from None
     except TraceFormatError as e:
         raise CliError(str(e)) from e
-    tl = Timeline(max_events=max(len(events), 1))
-    tl.extend(events)
-    return tl, meta
+    return Timeline.from_events(events), meta
 
 
 def export(args: argparse.Namespace) -> int:

@@ -110,6 +110,18 @@ class _Runner:
         if plan is not None:
             self._replace_plan(plan)
 
+    def ask(self, graph: int, node: Segment) -> None:
+        """The scheduler reaching ``node`` (cb_eval ask)."""
+        self.emit(
+            EventKind.NODE_ASK,
+            graph=graph,
+            node=node.node,
+            op=node.op,
+            name=node.name,
+            layer=node.layer,
+            shape=node.shape,
+        )
+
     def _replace_plan(self, plan: list[Decision]) -> None:
         self.plan_q = []
         for d in plan:
@@ -342,26 +354,10 @@ def replay(
             started = seg.graph
             if not per_node:
                 for nd in graphs.get(seg.graph, []):
-                    r.emit(
-                        EventKind.NODE_ASK,
-                        graph=graph,
-                        node=nd.node,
-                        op=nd.op,
-                        name=nd.name,
-                        layer=nd.layer,
-                        shape=nd.shape,
-                    )
+                    r.ask(graph, nd)
             r.poll()
         if per_node:
-            r.emit(
-                EventKind.NODE_ASK,
-                graph=graph,
-                node=seg.node,
-                op=seg.op,
-                name=seg.name,
-                layer=seg.layer,
-                shape=seg.shape,
-            )
+            r.ask(graph, seg)
         r.kernel(seg, add_submission=not per_node or not seg.timed)
         if per_node:
             r.emit(EventKind.NODE_DONE, graph=graph, node=seg.node, layer=seg.layer)

@@ -68,6 +68,13 @@ class Timeline:
         self._last_kernel_end_ns: int | None = None
         self._request_end_ns: int | None = None
 
+    @classmethod
+    def from_events(cls, events: list[Event]) -> Timeline:
+        """A timeline holding every one of ``events`` (a recorded trace)."""
+        tl = cls(max_events=max(len(events), 1))
+        tl.extend(events)
+        return tl
+
     # -- producing -------------------------------------------------------------
     def append(self, event: Event) -> list[Segment]:
         """Add one event; returns the segments it completed (possibly none)."""
