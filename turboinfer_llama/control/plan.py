@@ -36,12 +36,17 @@ Executor semantics (native and model alike):
    the graph has more nodes than ``n_nodes`` (a different graph), the remaining
    ``NODE`` switches fall back to their ``expect_ns`` as offsets, and a mismatch is
    counted; a graph that ends with fewer nodes also counts one.
-4. ``OFFSET`` and ``TIME`` switches fire when due on the timer thread.
-5. Feedback: at each observed node completion (``layer``/``kernel`` granularity) at or
-   after a checkpoint or switch with ``expect_ns >= 0``, ``err = (now - t0) - expect_ns
-   - margin_ns``; when ``err > 0`` the level becomes ``min(top, planned +
-   ceil(gain * err / predicted_ns))`` if that is higher than the level in effect, and it
-   is a floor for the rest of the graph's switches (not for ``end_level``).
+4. ``OFFSET`` switches fire when due on the timer thread once the plan is active.
+   ``TIME`` switches are armed as soon as the plan is set (they may fall before its
+   graph starts: the raise inside the stall); one whose time has passed fires at once.
+   A later ``set_plan`` replaces the armed ``TIME`` switches that have not fired.
+5. Feedback uses checkpoints only (``level < 0``): at each observed node completion
+   (``layer``/``kernel`` granularity) of node ``j``, the latest checkpoint with
+   ``key <= j`` gives ``err = (now - t0) - expect_ns - margin_ns``; when ``err > 0``
+   the level becomes ``min(top, planned + ceil(gain * err / predicted_ns))`` if that
+   is higher than the level in effect (``planned`` = the level the plan has in effect
+   at that node), and it is a floor for the rest of the graph's switches (not for
+   ``end_level``). Each checkpoint is used at most once.
 6. ``graph_end`` (called from Python right after ``llama_decode`` returns) applies
    ``end_level`` when ``>= 0`` and deactivates the plan's remaining ``NODE``/``OFFSET``
    switches; its ``TIME`` switches stay armed.

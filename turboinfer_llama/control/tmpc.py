@@ -1,135 +1,71 @@
 """Tube-based model predictive control of the GPU clock ("act before it's too late").
 
-Decision points are event boundaries: graph start (first node), node completions at
-``kernel`` granularity, graph end (the sampling stall begins), token yield, request
-end, and the replay/governor timer during long stalls (``plan``).
+The live loop and replay give this controller the same two things (see
+``control/graph_batch.py`` and ``control/plan.py``):
+
+* the engine's Python events, inline and cheap (request, decode begin/end, sample,
+  token, idle): they carry stall boundaries, and request boundaries answer with a
+  small :class:`Plan` (raise for the prefill, drop for the idle gap);
+* after each ``llama_decode``, the graph's node records as one :class:`GraphBatch`:
+  :meth:`on_graph` identifies the workload model from it, updates the phase's template
+  and the latency debt, and solves the :class:`Plan` for the next graph. The native
+  executor runs that plan inside the next ``llama_decode`` without Python.
 
 State: latency debt = actual time - reference time (the default governor's shadow,
-see ``reference.py``) since the request began; the level in effect; pending switches.
+``reference.py``) since the request began (TTFT) or over every decode step so far
+(TPOT, a mean over the run); the switches the executor applied (for the clock each
+node ran at).
 
-Horizon: ``horizon`` segments alternating compute and stall (3..6), i.e. up to three
-compute blocks (rest of the current graph, then whole graphs from the phase's
-template) with the forecast stalls between them. Stalls cost no latency, so their
-level has a closed form: the bottom level when the stall's lower bound is longer
-than the switch latency (the drop is issued one switch latency before the stall, as
-the last kernels run; the raise one switch latency before the stall's *lower-bound*
-end, so an early end cannot leave compute on the low clock), else the next compute
-level. That leaves the compute levels, searched exhaustively over all L^Nc
-combinations at once as outer sums of the per-segment tables (numpy broadcasting).
+The plan for the next graph (``_plan_next``), solved at the end of a graph, i.e. at
+the start of the sampling stall:
 
-Nominal plan: minimise predicted energy (busy power x kernel time + idle power x
-stalls and host gaps + switch cost) subject to
-``debt + sum(d - d_ref) + tube <= slack * (reference elapsed + horizon reference)``.
-The tube is the forecast error bound. Debt is measured against the shadow, which is
-driven by the measured time, so an error in predicting absolute graph time cancels;
-what reaches the debt is the error in the predicted slowdown ``d - d_ref``, bounded
-by the upper quantile ``r`` of past relative graph-time errors: ``r * (d - d_ref)``.
-Stalls add how far below its lower bound a stall has been seen to end (the raise is
-timed on the lower bound) times the largest slowdown a low clock can cause.
+* Horizon: the next ``n_compute`` graphs (from the phase's template) with the forecast
+  stalls between them; every combination of compute levels is searched at once
+  (``tmpc_solver.solve_horizon``), minimising predicted energy (busy power x kernel
+  time + idle power x stalls and host gaps + switch cost) subject to
+  ``debt + sum(d - d_ref) + tube <= slack * (reference elapsed + horizon reference)``.
+* Tube: debt is measured against the shadow, which is driven by the measured time,
+  so an error in absolute graph time cancels; what reaches the debt is the error in
+  the predicted slowdown, bounded by the upper quantile ``r`` of past relative
+  graph-time errors: ``r * (d - d_ref)``. Stalls add how far below its lower bound a
+  stall has been seen to end times the largest slowdown a low clock can cause.
+* Inside the next graph, per-block levels (about one block per layer) share the time
+  the horizon leaves it (``tmpc_solver.block_levels``). Block switches are keyed by
+  node ordinal where the callback sees node boundaries during compute (``layer``,
+  ``kernel``), else by time offset from the graph's first kernel (``graph``), and
+  issued one switch latency early.
+* Stalls cost no latency, so their level has a closed form: the bottom level when the
+  stall's lower bound is longer than the switch latency -- the drop one switch latency
+  before the predicted end of compute (and at the graph's end at the latest), the
+  raise one switch latency before the stall's lower-bound end -- else the next
+  compute level throughout.
+* Ancillary feedback, carried out by the executor at each observed completion
+  (``layer``/``kernel``): ``level = planned + ceil(K * error / predicted graph time)``
+  when the graph runs behind its nominal trajectory by more than the plan's margin.
+  At ``graph`` granularity there is no boundary during compute: the graph runs
+  open-loop on its timed plan and the debt feeds back at the next solve.
 
-Inside the current graph the plan is finer than one level: the graph is cut into
-blocks (about one per layer, and the output projection on its own), and the time the
-horizon leaves it is shared out by a price on time (Lagrangian relaxation): for each
-price every block takes its cheapest level at that price, the cheapest price whose
-blocks fit wins, and blocks of the next cheaper price are taken in order while the
-time left allows. Memory-bound blocks (the output projection) go low, blocks whose
-time scales with the clock stay higher; switches between blocks are issued one
-switch latency early.
-
-A graph with no template yet (the first prefill, the first decode graph) follows the
-default governor's shadow live, node by node: same clock, no debt.
-
-Ancillary feedback: inside a graph, every node completion compares elapsed time with
-the nominal plan; ``level = planned + ceil(K * error / predicted graph time)``, so
-falling behind pulls the clock up at once. Debt beyond the allowance shrinks the
-next solve's budget (feedback at graph boundaries).
+A phase with no template yet (the first prefill, the first decode graph) runs at the
+default governor's shadow level, so it accrues no debt.
 """
 
 from __future__ import annotations
 
-import itertools
+import bisect
 import math
 
 import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
-from ..engine.graph import cost
-from .base import Decision
 from .forecast import Forecaster, StallStats
-from .model import PowerTable, WorkloadModel, node_times
+from .graph_batch import GraphBatch
+from .model import PowerTable, WorkloadModel
+from .plan import Anchor, Plan, Switch
 from .reference import DefaultShadow, ShadowParams
+from .tmpc_solver import PhaseTemplate, block_levels, level_combinations, solve_horizon
 
-_SHADOW_CHUNKS = 24  # about one chunk per layer of a small model
-_PLAN_CHUNKS = 24  # blocks of the current graph that may each get their own level
-# prices on time (W = J/s) for the per-block Lagrangian search, cheapest first
-_LAMBDAS = np.concatenate([[0.0], np.geomspace(0.01, 1000.0, 63)])
-
-_COMBOS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _combos(n_levels: int, n_seg: int) -> tuple[np.ndarray, np.ndarray]:
-    """All level combinations (rows, in ``itertools.product`` order) and the number of
-    level changes inside each."""
-    key = (n_levels, n_seg)
-    if key not in _COMBOS:
-        combos = np.array(list(itertools.product(range(n_levels), repeat=n_seg)), dtype=np.int64)
-        changes = (np.diff(combos, axis=1) != 0).sum(axis=1).astype(np.float64)
-        _COMBOS[key] = (combos, changes)
-    return _COMBOS[key]
-
-
-class _Graph:
-    """Per-node work of one graph: compute/memory time at the top clock, launches."""
-
-    __slots__ = (
-        "c_ns",
-        "cd",
-        "ce",
-        "cum_k",
-        "cum_launch",
-        "d_row",
-        "e_row",
-        "edges",
-        "k",
-        "kh",
-        "launch",
-        "m_ns",
-        "n",
-        "node_chunk",
-    )
-
-    def __init__(self, c_ns: np.ndarray, m_ns: np.ndarray, launch: np.ndarray) -> None:
-        self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
-        self.n = len(c_ns)
-        self.cum_k = np.zeros((1, 1))
-        self.cum_launch = np.zeros(1)
-        self.e_row = self.d_row = np.zeros(1)
-
-    def tabulate(self, model, levels_hz: np.ndarray, host_ns: float, power: PowerTable) -> None:
-        """Cumulative kernel time per level, and the graph's host gaps (measured,
-        level-independent) shared out by kernel launches."""
-        k, _ = model.level_times(self.c_ns, self.m_ns, self.launch, levels_hz)
-        self.cum_k = np.vstack([np.zeros((1, len(levels_hz))), np.cumsum(k, axis=0)])
-        per_launch = host_ns / max(float(self.launch.sum()), 1.0)
-        self.cum_launch = np.concatenate([[0.0], np.cumsum(self.launch * per_launch)])
-        # the whole graph per level: energy (busy kernels, idle host gaps) and time
-        self.e_row = power.busy_w * self.cum_k[-1] + power.idle_w * host_ns
-        self.d_row = self.cum_k[-1] + host_ns
-        # per node (for the nominal trajectory) and per block (for per-block levels)
-        self.k = k
-        self.kh = np.diff(self.cum_launch)
-        edges = np.unique(np.linspace(0, self.n, min(self.n, _PLAN_CHUNKS) + 1).astype(np.int64))
-        self.edges = edges
-        ck = np.diff(self.cum_k[edges], axis=0)
-        ch = np.diff(self.cum_launch[edges])[:, None]
-        self.ce = power.busy_w * ck + power.idle_w * ch
-        self.cd = ck + ch
-        self.node_chunk = np.repeat(np.arange(len(edges) - 1), np.diff(edges))
-
-    def rest(self, done: int) -> tuple[np.ndarray, float]:
-        """Kernel time per level and host time of the nodes after ``done``."""
-        done = min(done, self.n)
-        return self.cum_k[-1] - self.cum_k[done], float(self.cum_launch[-1] - self.cum_launch[done])
+_SHADOW_CHUNKS = 24  # the shadow walks a graph in about one chunk per layer
+_HIST_KEEP = 512  # applied switches kept for the per-node clock
 
 
 class TubeMPC:
@@ -149,114 +85,107 @@ class TubeMPC:
         horizon: int = 5,
         feedback_gain: float = 50.0,
         tube_quantile: float = 0.9,
+        planning: bool = True,
     ) -> None:
         if not 3 <= horizon <= 6:
             raise ValueError(f"horizon must be 3..6 segments, got {horizon}")
-        self.levels = np.asarray(sorted(levels_hz), dtype=np.float64)
-        self.levels_int = [int(x) for x in self.levels]
-        self.L = len(self.levels)
-        self.top = self.L - 1
+        self.levels_hz = np.asarray(sorted(levels_hz), dtype=np.float64)
+        self.levels_int = [int(x) for x in self.levels_hz]
+        self.n_levels = len(self.levels_hz)
+        self.top = self.n_levels - 1
         self.slack = latency_slack
-        self.s_ns = int(switch_latency_ns)
+        self.switch_latency_ns = int(switch_latency_ns)
         self.power = power or PowerTable.assumed(self.levels_int)
         self.model = WorkloadModel(self.power)
         self.forecast = Forecaster(cost_fn=lambda op, sh: (0.0, 0.0))
-        self.shadow = DefaultShadow(self.levels, shadow or ShadowParams())
+        self.shadow = DefaultShadow(self.levels_hz, shadow or ShadowParams())
         self.n_compute = (horizon + 1) // 2
-        self._max_slowdown = 1.0 - self.levels[0] / self.levels[-1]
-        self.combos, self.changes = _combos(self.L, self.n_compute)
-        first_change = self.combos[:, 0][None, :] != np.arange(self.L)[:, None]
-        self.switch_cost = self.changes[None, :] + first_change  # per current level
+        self.planning = planning
+        self._max_slowdown = 1.0 - self.levels_hz[0] / self.levels_hz[-1]
+        self.combos, self.changes = level_combinations(self.n_levels, self.n_compute)
+        first_change = self.combos[:, 0][None, :] != np.arange(self.n_levels)[:, None]
+        self.switch_count = self.changes[None, :] + first_change  # per current level
         self.gain = feedback_gain
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
-        self._cost_cache: dict[tuple[str, object], tuple[float, float, float]] = {}
-        self._templates: dict[str, _Graph] = {}
-        self._plan: list[Decision] = []
+        self._templates: dict[str, PhaseTemplate] = {}
         self.solves = 0
-        self.feedback_raises = 0
-        self._reset_request(0)
+        self.graphs = 0
+        self.granularity = "graph"
+        self._hist_t: list[int] = []  # landing times of applied switches, ascending
+        self._hist_lv: list[int] = []
         self._initial = self.shadow.level
-        self._hist: list[tuple[int, int]] = []  # (at_ns, level) requested, time order
-        self._ik_count = 0
         self._busy_last: int | None = None
-        self._margin_ns = 0.0
-        self._last_graph_phase = "idle"
         self._graph_busy: int | None = None
-        self._lv_nodes: np.ndarray | None = None
-        self._live_ref: float | None = None
-        self._decode_acc = (0.0, 0.0)  # decode (debt, reference) over past requests
-        self._seg_nominal: tuple[np.ndarray, np.ndarray] | None = None
-        self._live_t = 0
+        self._margin_ns = 0.0
+        self._predicted: tuple[int, float] | None = None  # (nodes, compute ns) planned
+        self._last_graph_phase = "idle"
+        # latency (debt, reference elapsed) per phase: prefill per request (TTFT),
+        # decode over every request of the run (TPOT is a mean over the run)
+        self._acc = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
+        self._t_end = 0  # last graph's end
+        self._t_begin = 0  # current graph's DECODE_BEGIN
+        self._idle_from: int | None = 0  # start of the idle gap, when in one
+        self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
 
-    def _reset_request(self, t_ns: int) -> None:
-        self.debt_ns = 0.0
-        self.ref_elapsed_ns = 0.0
-        self.phase = "decode"
-        self.in_compute = False
-        self.stall_kind: StallKind | None = None
-        self.t_stall = t_ns
-        self.t_compute = t_ns
-        self._nodes: list[tuple[float, float, float]] = []
-        self._node_level: list[int] = []
-        self._node_hz: list[float] = []
-        self._ask_t = t_ns
-        self.done = 0
-        self.plan_level = self.top
-        self._seg_start_t = t_ns
-        self._seg_start_node = 0
-        self._predicted_graph_ns = 0.0
+    def _reset_request(self) -> None:
+        self._acc["prefill"] = [0.0, 0.0]
+        self.phase = "prefill"
 
-    def _request(self, t_ns: int, level: int) -> Decision | None:
-        """An immediate decision, unless that level is already requested."""
-        if level == self._target(t_ns):
-            return None
-        self._hist.append((t_ns, level))
-        return Decision(self.levels_int[level], t_ns, "tmpc")
+    @property
+    def debt_ns(self) -> float:
+        """Latency debt of the current phase: actual - reference time, ns."""
+        return self._acc[self.phase][0]
 
-    def _set_plan(self, t_ns: int, plan: list[Decision]) -> None:
-        """Publish timed decisions; they replace the future part of the last plan."""
-        hist = [h for h in self._hist if h[0] <= t_ns][-16:]
-        hist += [(d.at_ns, self.levels_int.index(d.freq_hz)) for d in plan]
-        hist.sort(key=lambda h: h[0])
-        self._hist = hist
-        self._plan = plan
+    @property
+    def ref_elapsed_ns(self) -> float:
+        """Reference (default governor's shadow) time of the current phase, ns."""
+        return self._acc[self.phase][1]
 
-    def _target(self, t_ns: int) -> int:
-        """The level most recently requested at or before ``t_ns``."""
-        for at, level in reversed(self._hist):
-            if at <= t_ns:
-                return level
-        return self._initial
+    def _account(self, phase: str, actual_ns: float, ref_ns: float) -> None:
+        acc = self._acc[phase]
+        acc[0] += actual_ns - ref_ns
+        acc[1] += ref_ns
 
-    def _mean_hz(self, t0: int, t1: int) -> float:
-        """Time-weighted mean clock over ``[t0, t1]`` (a kernel that a switch lands in
-        runs part of its work at each clock; for compute-bound work this mean is exact)."""
-        lv0 = self._effective(t0)
-        lv1 = self._effective(t1)
-        if lv0 == lv1 or t1 <= t0:
-            return float(self.levels[lv1])
-        acc, t, lv = 0.0, t0, lv0
-        for at, level in self._hist:
-            land = at + self.s_ns
-            if land <= t0:
-                continue
-            if land >= t1:
-                break
-            acc += (land - t) * self.levels[lv]
-            t, lv = land, level
-        acc += (t1 - t) * self.levels[lv]
-        return acc / (t1 - t0)
+    def level_at(self, t_ns: int) -> int:
+        """The level in effect at ``t_ns`` (an applied switch lands one switch latency
+        after its call started)."""
+        i = bisect.bisect_right(self._hist_t, t_ns)
+        return self._hist_lv[i - 1] if i else self._initial
 
-    def _effective(self, t_ns: int) -> int:
-        """The level in effect at ``t_ns`` (requests land one switch latency later)."""
-        for at, level in reversed(self._hist):
-            if at + self.s_ns <= t_ns:
-                return level
-        return self._initial
+    def on_applied(self, applied: list[tuple[int, int]]) -> None:
+        """Switches the executor applied: ``(t_ns the call started, level)``."""
+        for t, lv in applied:
+            land = int(t) + self.switch_latency_ns
+            i = bisect.bisect_right(self._hist_t, land)
+            self._hist_t.insert(i, land)
+            self._hist_lv.insert(i, int(lv))
+        if len(self._hist_t) > 2 * _HIST_KEEP:
+            del self._hist_t[:-_HIST_KEEP], self._hist_lv[:-_HIST_KEEP]
 
-    # ---- events --------------------------------------------------------------------
+    def _mean_hz(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Time-weighted mean clock over each ``[start, end]`` (a kernel that a switch
+        lands in runs part of its work at each clock; exact for compute-bound work)."""
+        t0 = float(starts.min()) if len(starts) else 0.0
+        i0 = bisect.bisect_right(self._hist_t, int(t0))
+        times = [t0] + [float(t) for t in self._hist_t[i0:]]
+        lv = [self.level_at(int(t0))] + self._hist_lv[i0:]
+        hz = self.levels_hz[np.asarray(lv)]
+        tb = np.asarray(times)
+        integral = np.concatenate([[0.0], np.cumsum(np.diff(tb) * hz[:-1])])
+
+        def cum(t: np.ndarray) -> np.ndarray:
+            k = np.clip(np.searchsorted(tb, t, side="right") - 1, 0, len(tb) - 1)
+            return integral[k] + (t - tb[k]) * hz[k]
+
+        span = ends - starts
+        mean = (cum(ends.astype(np.float64)) - cum(starts.astype(np.float64))) / np.maximum(
+            span, 1.0
+        )
+        return np.where(span > 0, mean, hz[np.clip(np.searchsorted(tb, starts) - 1, 0, None)])
+
+    # ---- events (inline, cheap) ------------------------------------------------------
 
     def on_counters(self, counters) -> None:
         """Device counters at a graph end: intensity for the model, and the graph's
@@ -266,202 +195,115 @@ class TubeMPC:
             self._graph_busy = counters.busy_ns - self._busy_last
         self._busy_last = counters.busy_ns
 
-    def on_event(self, ev: Event) -> Decision | None:
+    def _stall(self, kind: StallKind, dur_ns: float) -> None:
+        if dur_ns < 0:
+            return
+        self.forecast.observe(kind, dur_ns)
+        self.shadow.run_stall(dur_ns)
+        self._account(self.phase, dur_ns, dur_ns)
+
+    def on_event(self, ev: Event) -> Plan | None:
         k = ev.kind
-        if k is EventKind.NODE_DONE:
-            return self._node_done(ev)
-        if k is EventKind.NODE_ASK:
-            return self._node_ask(ev)
         if k is EventKind.DECODE_BEGIN:
-            self._end_stall(ev.t_ns)
-            phase = "prefill" if ev.n_tokens > 1 else "decode"
-            if phase == "decode" and self._last_graph_phase == "prefill":
-                # TTFT is settled: decode gets its own budget (TPOT), neither using
-                # time the prefill saved nor paying for time it lost. TPOT is the mean
-                # over every token of the run, so the decode budget carries over from
-                # earlier requests (their unused slack, or their overrun)
-                self.debt_ns, self.ref_elapsed_ns = self._decode_acc
-            self.phase = self._last_graph_phase = phase
-            self.stall_kind, self.t_stall = StallKind.SUBMIT, ev.t_ns
-            self._nodes, self._node_level, self._node_hz, self.done = [], [], [], 0
+            if self._idle_from is None and self._last_graph_phase != "idle":
+                self._stall(StallKind.SAMPLE, ev.t_ns - self._t_end)
+            self.phase = self._last_graph_phase = "prefill" if ev.n_tokens > 1 else "decode"
+            self._t_begin = ev.t_ns
             return None
         if k is EventKind.DECODE_END:
-            return self._graph_end(ev.t_ns)
+            self._t_end = ev.t_ns
+            return None
         if k is EventKind.REQUEST_BEGIN:
-            self._end_stall(ev.t_ns)
-            self._reset_request(ev.t_ns)
-            return self._request(ev.t_ns, max(self.shadow.level, self._target(ev.t_ns)))
+            if self._idle_from is not None:
+                self.forecast.observe(StallKind.IDLE, ev.t_ns - self._idle_from)
+                self.shadow.run_stall(max(0, ev.t_ns - self._idle_from))
+            self._idle_from = None
+            self._reset_request()
+            self._last_graph_phase = "idle"
+            lv = max(self.shadow.level, self._prefill_level(), self.level_at(ev.t_ns))
+            return Plan(
+                first_level=lv,
+                fallback_level=lv,
+                switches=(Switch(Anchor.TIME, ev.t_ns, lv),),
+            )
         if k in (EventKind.REQUEST_END, EventKind.IDLE):
-            if self.stall_kind is not StallKind.IDLE:
-                self._end_stall(ev.t_ns)
-                if self._last_graph_phase == "decode":  # before the idle gap: no TPOT
-                    self._decode_acc = (self.debt_ns, self.ref_elapsed_ns)
-                self.stall_kind, self.t_stall = StallKind.IDLE, ev.t_ns
-            self._set_plan(ev.t_ns, [])
-            return self._request(ev.t_ns, 0)
+            if self._idle_from is None:
+                self._idle_from = ev.t_ns
+                self._last_graph_phase = "idle"
+            # no plan for the next request's first graph; bottom level while idle
+            return Plan(switches=(Switch(Anchor.TIME, ev.t_ns, 0),))
         return None
 
-    def _end_stall(self, t_ns: int) -> None:
-        kind = self.stall_kind
-        if kind is None:
-            return
-        dur = t_ns - self.t_stall
-        self.forecast.observe(kind, dur)
-        self.shadow.run_stall(dur)
-        self.ref_elapsed_ns += dur
-        self.stall_kind = None
+    def plan(self, now_ns: int) -> list:
+        """Timed decisions: none, tmpc's switches all go through per-graph plans."""
+        return []
 
-    def _node_cost(self, ev: Event) -> tuple[float, float, float]:
-        key = (ev.op, ev.shape)
-        got = self._cost_cache.get(key)
-        if got is None:
-            kc = cost(ev.op, ev.shape)
-            c_ns, m_ns = node_times(np.array([kc.flops]), np.array([kc.bytes]))
-            got = (float(c_ns[0]), float(m_ns[0]), 0.0 if kc.is_noop else 1.0)
-            if len(self._cost_cache) < 100_000:
-                self._cost_cache[key] = got
-        return got
+    # ---- per graph (off the engine thread) -------------------------------------------
 
-    def _node_ask(self, ev: Event) -> Decision | None:
-        # every ask is the graph's next node (ids are not positions: real graphs
-        # number their first node -1)
-        self._nodes.append(self._node_cost(ev))
-        self._ask_t = ev.t_ns
-        if self.in_compute:
-            if self.stall_kind is StallKind.INTER_KERNEL:
-                self._ik_count += 1
-                if self._ik_count % 16 == 0:
-                    self.forecast.observe(StallKind.INTER_KERNEL, ev.t_ns - self.t_stall)
-                self.stall_kind = None
-            return None
-        # compute starts: first node of the graph
-        self._end_stall(ev.t_ns)
-        self.in_compute = True
-        self.t_compute = ev.t_ns
-        self._lv_nodes = None
-        self._live_ref = None
-        if self._templates.get(self.phase) is None:
-            # nothing to predict this graph from: follow the default governor's shadow
-            # live, node by node (same clock as the default, so no latency debt)
-            self._live_ref, self._live_t = 0.0, ev.t_ns
-            self._seg_nominal = None
-            d = self._request(ev.t_ns, self.shadow.level)
-            self._set_plan(ev.t_ns, [])
-            return d
-        level, plan = self._solve(ev.t_ns, in_compute=True)
-        self._start_segment(ev.t_ns, level, self._lv_nodes)
-        d = self._request(ev.t_ns, level)
-        self._set_plan(ev.t_ns, plan)
-        return d
+    def _node_spans(self, b: GraphBatch) -> tuple[np.ndarray, np.ndarray]:
+        """When each node ran: measured where the callback saw completions, else the
+        graph's measured compute time shared out by cost weight between observations."""
+        n = b.n
+        if n and (b.done_ns >= 0).all():
+            return b.ask_ns.astype(np.float64), b.done_ns.astype(np.float64)
+        w = np.maximum(np.maximum(b.c_ns, b.m_ns), 1.0) + 1_000.0 * b.launch
+        ends = np.empty(n)
+        known = np.nonzero(b.done_ns >= 0)[0].tolist()
+        if not known or known[-1] != n - 1:
+            known.append(n - 1)
+        t_prev, i_prev = float(b.t_first_ns), 0
+        for i in known:
+            t_i = float(b.done_ns[i]) if b.done_ns[i] >= 0 else float(b.t_end_ns)
+            seg = w[i_prev : i + 1]
+            cw = np.cumsum(seg)
+            ends[i_prev : i + 1] = t_prev + (t_i - t_prev) * cw / max(cw[-1], 1e-9)
+            t_prev, i_prev = t_i, i + 1
+        starts = np.concatenate([[float(b.t_first_ns)], ends[:-1]])
+        return starts, ends
 
-    def _start_segment(self, t_ns: int, level: int, lv: np.ndarray | None = None) -> None:
-        """Nominal trajectory of the rest of the graph: one level, or ``lv`` per node."""
-        self.plan_level = level
-        self._seg_start_t = t_ns
-        self._seg_start_node = self.done
-        tpl = self._templates.get(self.phase)
-        self._seg_nominal = None
-        if tpl is not None and tpl.n >= self.done:
-            done = self.done
-            if lv is None or len(lv) != tpl.n - done:
-                lv = np.full(tpl.n - done, level, dtype=np.int64)
-            kn = tpl.k[np.arange(done, tpl.n), lv] + tpl.kh[done:]
-            cum = np.concatenate([[0.0], np.cumsum(kn)])
-            self._seg_nominal = (cum, lv)
-            self._predicted_graph_ns = float(cum[-1])
-
-    def _node_done(self, ev: Event) -> Decision | None:
-        self._node_level.append(self._effective(ev.t_ns))
-        self._node_hz.append(self._mean_hz(self._ask_t, ev.t_ns))
-        self.done = len(self._node_level)
-        self.stall_kind, self.t_stall = StallKind.INTER_KERNEL, ev.t_ns
-        if self._live_ref is not None:
-            c, m, launch = self._nodes[-1]
-            k, _ = self.model.phases[self.phase].level_times(
-                np.array([c]), np.array([m]), np.array([launch]), self.levels
-            )
-            host = max(0.0, float(self._ask_t - self._live_t))
-            self._live_ref += self.shadow.run_compute(k[0], host)
-            self._live_t = ev.t_ns
-            return self._request(ev.t_ns, self.shadow.level)
-        nominal = self._seg_nominal
-        if nominal is None:
-            return None
-        cum, lv_plan = nominal
-        j = self.done - self._seg_start_node
-        if j >= len(cum) or j >= len(lv_plan):
-            return None
-        expect = cum[j]
-        # deviation beyond what the plan can absorb (its tube and unused slack)
-        err = (ev.t_ns - self._seg_start_t) - expect - self._margin_ns
-        lvl = int(lv_plan[j])
-        if err <= 0 or lvl >= self.top:
-            return None
-        bump = math.ceil(self.gain * err / max(self._predicted_graph_ns, 1.0))
-        new = min(self.top, lvl + bump)
-        if new <= self._target(ev.t_ns):
-            return None
-        self.feedback_raises += 1
-        # re-plan the rest of the graph at the new level, drop still before the stall
-        self._start_segment(ev.t_ns, new)
-        d = self._request(ev.t_ns, new)
-        self._set_plan(ev.t_ns, self._stall_plan(ev.t_ns, self._predicted_graph_ns, new))
-        return d
-
-    def _graph_end(self, t_ns: int) -> Decision | None:
-        measured = t_ns - self.t_compute
-        self.in_compute = False
-        phase = self.phase
-        if self._nodes:
-            arr = np.asarray(self._nodes)
-            g = _Graph(arr[:, 0], arr[:, 1], arr[:, 2])
+    def on_graph(self, b: GraphBatch) -> Plan | None:
+        """Learn from one finished graph and plan the next one (see module docstring)."""
+        self.graphs += 1
+        self.granularity = b.granularity
+        phase = b.phase
+        self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns)
+        measured = float(b.compute_ns)
+        if b.n and measured > 0:
             pm = self.model.phases[phase]
-            # nodes without a completion event (graph granularity): the level in effect
-            # at the middle of the compute (not at its end, where the drop has landed)
-            mid = self._effective((self.t_compute + t_ns) // 2)
-            f = np.asarray(
-                (self._node_hz + [float(self.levels[mid])] * g.n)[: g.n], dtype=np.float64
-            )
-            prior = self._templates.get(phase)
-            if prior is not None and prior.n == g.n and self._predicted_graph_ns > 0:
-                self.rel_err.update(abs(measured - self._predicted_full()) / max(measured, 1.0))
+            starts, ends = self._node_spans(b)
+            f = self._mean_hz(starts, ends)
+            g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
+            pred = self._predicted
+            if pred is not None and pred[0] == g.n and pred[1] > 0:
+                self.rel_err.update(abs(measured - pred[1]) / max(measured, 1.0))
+            self._predicted = None
             busy = self._graph_busy
             self._graph_busy = None
             if busy is None or not 0 < busy <= measured:  # no counters: fit wall time
-                busy, host = measured, 0.0
+                busy_ns, host = measured, 0.0
             else:
-                host = float(measured - busy)
-            pm.update(pm.features(g.c_ns, g.m_ns, g.launch, f), float(busy))
-            g.tabulate(pm, self.levels, host, self.power)
+                busy_ns, host = float(busy), float(measured - busy)
+            x = pm.features(g.c_ns, g.m_ns, g.launch, f)
+            pm.update(x, busy_ns)
+            g.tabulate(pm, self.levels_hz, host, self.power)
             self._templates[phase] = g
             # reference: the shadow runs the same graph, calibrated by this measurement
             # against the (updated) model's time at the clocks each node really ran at
             pred_here = float(pm.features(g.c_ns, g.m_ns, g.launch, f) @ pm.theta) + host
             scale = measured / pred_here if pred_here > 0 else 1.0
-            ref = 0.0  # the shadow walks the graph in chunks, so its windows see the
-            # graph's real mix of busy and host time (e.g. the long output matmul)
             edges = np.linspace(0, g.n, min(g.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
-            k_chunks = np.diff(g.cum_k[edges], axis=0) * scale
-            h_chunks = np.diff(g.cum_launch[edges]) * scale
-            if self._live_ref is not None and len(self._node_level) > 0:
-                ref = self._live_ref  # the shadow already ran this graph, live
-                k_chunks = h_chunks = np.zeros((0,))
+            k_chunks = np.diff(g.cum_kernel_ns[edges], axis=0) * scale
+            h_chunks = np.diff(g.cum_host_ns[edges]) * scale
+            ref = 0.0
             for kc, hc in zip(k_chunks, h_chunks, strict=True):
                 ref += self.shadow.run_compute(kc, float(hc))
-            self._live_ref = None
         else:
-            ref = float(measured)
+            ref = measured
             self.shadow.run_stall(measured)
-        self.ref_elapsed_ns += ref
-        self.debt_ns += measured - ref
-        self.phase = "decode"
-        self.stall_kind, self.t_stall = StallKind.SAMPLE, t_ns
-        _, plan = self._solve(t_ns, in_compute=False)
-        self._set_plan(t_ns, plan)
-        return None
-
-    def _predicted_full(self) -> float:
-        return self._predicted_graph_ns + (self._seg_start_t - self.t_compute)
+        self._account(phase, measured, ref)
+        if not self.planning:
+            return None
+        return self._plan_next(b.t_end_ns)
 
     # ---- the optimisation -----------------------------------------------------------
 
@@ -473,147 +315,103 @@ class TubeMPC:
         early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
-    def _stall_plan(self, t_ns: int, compute_left_ns: float, next_level: int) -> list[Decision]:
-        """Drop one switch latency before the predicted stall start, raise one switch
-        latency before its lower-bound end."""
-        _, d_lo, _ = self._stall_ns()
-        if d_lo < self.s_ns or self.forecast.estimate(StallKind.SAMPLE).n == 0:
-            return []
-        stall_at = t_ns + int(compute_left_ns)
-        return [
-            Decision(self.levels_int[0], stall_at - self.s_ns, "tmpc: drop before stall"),
-            Decision(self.levels_int[next_level], stall_at + int(d_lo) - self.s_ns, "tmpc: raise"),
-        ]
-
-    def _solve(self, t_ns: int, *, in_compute: bool) -> tuple[int, list[Decision]]:
-        """Receding-horizon solve. Returns the level for the first compute segment and
-        the timed decisions (drop, raise) around the next stall."""
-        self.solves += 1
-        cur_tpl = self._templates.get(self.phase)
-        nxt_tpl = self._templates.get("decode") or cur_tpl
-        if nxt_tpl is None or (in_compute and cur_tpl is None):
-            return self.top, []  # nothing to predict from yet: never fall behind
-        L, nc = self.L, self.n_compute
-        d_med, d_lo, d_early = self._stall_ns()
-        droppable = d_lo >= self.s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
-        busy_w, idle_w = self.power.busy_w, self.power.idle_w
-        ref_lvl = self.shadow.level
-        # stall before a compute block: low clock for its lower bound, the block's own
-        # level for the rest (the early raise); or the block's level throughout
-        stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
-        e = np.empty((nc, L))
-        d = np.empty((nc, L))
-        e[1:] = nxt_tpl.e_row + stall_e
-        d[1:] = nxt_tpl.d_row
-        d_ref = float(nxt_tpl.d_row[ref_lvl]) * (nc - 1)
-        if in_compute:
-            assert cur_tpl is not None  # checked above
-            k0, host0 = cur_tpl.rest(self.done)
-            e[0] = busy_w * k0 + idle_w * host0
-            d[0] = k0 + host0
-            d_ref += float(k0[ref_lvl]) + host0
-            n_stalls = nc - 1
-        else:
-            e[0] = e[1]
-            d[0] = nxt_tpl.d_row
-            d_ref += float(nxt_tpl.d_row[ref_lvl])
-            n_stalls = nc
-        stalls_total = d_med * n_stalls
+    def _prefill_level(self) -> int:
+        """One level for a prefill graph: the cheapest whose predicted time keeps the
+        TTFT budget against the shadow's level (ratios of the last prefill's template,
+        which carry over to prompts of another length)."""
+        tpl = self._templates.get("prefill")
+        if tpl is None:
+            return self.shadow.level
+        ref = float(tpl.graph_ns[self.shadow.level])
         r = self.rel_err.estimate().upper_ns
-        stall_tube = d_early * n_stalls * self._max_slowdown if droppable else 0.0
-        allowed = self.slack * (self.ref_elapsed_ns + d_ref + stalls_total) - self.debt_ns
+        ok = tpl.graph_ns * (1.0 + r) <= ref * (1.0 + self.slack)
+        cand = np.where(ok, tpl.energy_j, np.inf)
+        return int(cand.argmin()) if np.isfinite(cand).any() else self.top
+
+    def _plan_next(self, t_now: int) -> Plan:
+        """The plan for the graph after the stall that starts at ``t_now``."""
+        self.solves += 1
+        s_ns = self.switch_latency_ns
+        tpl = self._templates.get("decode")
+        if tpl is None:  # nothing to predict from yet: follow the default's shadow
+            lv = self.shadow.level
+            return Plan(
+                first_level=lv, fallback_level=lv, switches=(Switch(Anchor.TIME, t_now, lv),)
+            )
+        nc, busy_w, idle_w = self.n_compute, self.power.busy_w, self.power.idle_w
+        d_med, d_lo, d_early = self._stall_ns()
+        droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
+        ref_lvl = self.shadow.level
+        stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
+        energy = np.tile(tpl.energy_j + stall_e, (nc, 1))
+        time_ns = np.tile(tpl.graph_ns, (nc, 1))
+        d_ref = float(tpl.graph_ns[ref_lvl]) * nc
+        stalls_total = d_med * nc
+        r = self.rel_err.estimate().upper_ns
+        stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
+        debt, ref_elapsed = self._acc["decode"]
+        allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
         # sum(d) - d_ref + r * (sum(d) - d_ref) + stall_tube <= allowed
         budget = d_ref + (allowed - stall_tube) / (1.0 + r)
-        # every combination at once by outer sums (row-major, the order of ``combos``)
-        flat_e, flat_d = e[0], d[0]
-        for i in range(1, nc):
-            flat_e = (flat_e[..., None] + e[i]).ravel()
-            flat_d = (flat_d[..., None] + d[i]).ravel()
-        sw = self.power.switch_j + 1e-7  # tie-break against needless switches
-        flat_e = flat_e + self.switch_cost[self._target(t_ns)] * sw
-        masked = np.where(flat_d <= budget, flat_e, np.inf)
-        best = int(masked.argmin())
-        if masked[best] == np.inf:  # nothing meets the budget: the fastest plan
-            best = int(flat_d.argmin())
-        used = float(flat_d[best])
-        self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
-        levels = self.combos[best]
+        penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
+        sol = solve_horizon(energy, time_ns, budget, penalty, self.combos)
+        levels = sol.levels
         first = int(levels[0])
-        if in_compute:
-            left = float(d[0, first])
-            nxt = int(levels[1]) if nc > 1 else first
-            ok = cur_tpl is not None and cur_tpl.n > self.done
-            if ok and masked[int(masked.argmin())] < np.inf:
-                # per-block levels for the rest of this graph, in the budget the
-                # horizon leaves it (later graphs keep their planned level)
-                fut = sum(float(d[i, levels[i]]) for i in range(1, nc))
-                assert cur_tpl is not None
-                got = self._block_plan(t_ns, cur_tpl, budget - fut)
-                if got is not None:
-                    first, left, plan = got
-                    used = left + fut
-                    self._margin_ns = (
-                        max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
-                    )
-                    return first, plan + self._stall_plan(t_ns, left, nxt)
-            plan = self._stall_plan(t_ns, left, nxt)
-            return first, plan
-        plan = []
-        if droppable:
-            plan.append(Decision(self.levels_int[0], t_ns, "tmpc: stall"))
-            plan.append(
-                Decision(self.levels_int[first], t_ns + int(d_lo) - self.s_ns, "tmpc: raise")
-            )
+        future = sum(float(time_ns[i, levels[i]]) for i in range(1, nc))
+        got = block_levels(tpl.block_energy_j, tpl.block_ns, budget - future) if sol.feasible else None
+        if got is not None:
+            blocks, used_here = got
         else:
-            plan.append(Decision(self.levels_int[first], t_ns, "tmpc: short stall"))
-        return first, plan
+            blocks, used_here = np.full(len(tpl.block_ns), first, dtype=np.int64), float(
+                time_ns[0, first]
+            )
+        used = used_here + future
+        self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
+        first = int(blocks[0])
+        lv_node = np.repeat(blocks, np.diff(tpl.edges))
+        node_ns = tpl.node_ns(lv_node)
+        ends = np.cumsum(node_ns)
+        starts = ends - node_ns
+        predicted = float(ends[-1]) if len(ends) else 0.0
+        self._predicted = (tpl.n, predicted)
+        node_keyed = self.granularity in ("layer", "kernel")
+        sw: list[Switch] = []
+        for j in range(1, len(blocks)):
+            if blocks[j] == blocks[j - 1]:
+                continue
+            t_edge = float(starts[tpl.edges[j]])
+            if node_keyed:
+                key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
+                sw.append(Switch(Anchor.NODE, key, int(blocks[j]), int(starts[key])))
+            else:
+                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+        if node_keyed:  # checkpoints for the executor's feedback
+            if self.granularity == "layer":
+                marks = np.nonzero(tpl.layer_out)[0]
+            else:
+                marks = tpl.edges[1:-1] - 1
+            for i in marks[: 96]:
+                sw.append(Switch(Anchor.NODE, int(i), -1, int(ends[i])))
+        if droppable:  # drop before the stall that follows the graph; raise before it
+            sw.append(Switch(Anchor.OFFSET, max(0, int(predicted) - s_ns), 0))
+            sw.append(Switch(Anchor.TIME, t_now + int(d_lo) - s_ns, first))
+        else:
+            sw.append(Switch(Anchor.TIME, t_now, first))
+        return Plan(
+            first_level=first,
+            end_level=0 if droppable else -1,
+            fallback_level=first,
+            n_nodes=tpl.n,
+            predicted_ns=int(predicted),
+            margin_ns=int(self._margin_ns),
+            gain=self.gain if node_keyed else 0.0,
+            switches=tuple(sw),
+        )
 
-    def _block_plan(
-        self, t_ns: int, tpl: _Graph, cap: float
-    ) -> tuple[int, float, list[Decision]] | None:
-        """Levels per block of the rest of the graph with the least predicted energy
-        whose time fits ``cap``: a price on time (Lagrangian) picks each block's
-        level independently, the cheapest price that fits wins, and the blocks of
-        the next cheaper price are taken in order while the time left allows. Sets
-        ``self._lv_nodes``; returns the first level, the predicted time and the timed
-        switches between blocks (each issued one switch latency early)."""
-        done = self.done
-        c0 = int(tpl.node_chunk[done])
-        E = tpl.ce[c0:].copy()
-        D = tpl.cd[c0:].copy()
-        e0 = int(tpl.edges[c0])
-        part_k = tpl.cum_k[done] - tpl.cum_k[e0]
-        part_h = tpl.cum_launch[done] - tpl.cum_launch[e0]
-        D[0] -= part_k + part_h
-        E[0] -= self.power.busy_w * part_k + self.power.idle_w * part_h
-        choice = (E[None] + _LAMBDAS[:, None, None] * D[None]).argmin(axis=2)
-        nb = len(D)
-        rows = np.arange(nb)
-        tot = D[rows[None, :], choice].sum(axis=1)
-        ok = tot <= cap
-        if not ok.any():
-            return None
-        i = int(ok.argmax())
-        a = choice[i].copy()
-        if i > 0:
-            b = choice[i - 1]
-            dt = D[rows, b] - D[rows, a]
-            fits = np.cumsum(dt) <= cap - tot[i]
-            k = int(fits.argmin()) if not fits.all() else nb
-            a[:k] = b[:k]
-        d_blk = D[rows, a]
-        ends = np.cumsum(d_blk)
-        plan = []
-        for j in range(1, nb):
-            if a[j] != a[j - 1]:
-                at = max(t_ns, t_ns + int(ends[j - 1]) - self.s_ns)
-                plan.append(Decision(self.levels_int[int(a[j])], at, "tmpc: block"))
-        sizes = np.diff(tpl.edges[c0:]).copy()
-        sizes[0] -= done - e0
-        self._lv_nodes = np.repeat(a, sizes)
-        return int(a[0]), float(ends[-1]), plan
 
-    # ---- timer path ------------------------------------------------------------------
-
-    def plan(self, now_ns: int) -> list[Decision]:
-        return [d for d in self._plan if d.at_ns >= now_ns]
+def feedback_level(planned: int, top: int, err_ns: float, predicted_ns: float, gain: float) -> int:
+    """The executor's ancillary feedback rule (documented here, run in C and in
+    ``executor_model``): raise by ``ceil(gain * err / predicted)`` levels."""
+    if err_ns <= 0 or gain <= 0:
+        return planned
+    return min(top, planned + math.ceil(gain * err_ns / max(predicted_ns, 1.0)))

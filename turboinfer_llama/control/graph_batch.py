@@ -1,0 +1,160 @@
+"""One graph's node records, as arrays: what a controller learns from after each decode.
+
+Live, the records of a ``llama_decode`` are drained from the hook's ring once it
+returns and turned into a :class:`GraphBatch` with numpy (no Python call per node);
+replay builds the same batch from recorded segments at the same point (the graph's
+end). A controller therefore gets, in both modes, exactly what the eval callback saw
+at the run's granularity: every node's ask time, and the completion time of the nodes
+it synchronised on (all of them at ``kernel``, the layer outputs at ``layer``, none at
+``graph``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engine.events import NodeShape
+from ..engine.graph import cost
+from .model import node_times
+
+LAYER_OUT_PREFIX = b"l_out-"
+_ASK, _DONE = 0, 1
+# the fields that decide a node's cost (engine.hooks.RECORD_DTYPE)
+_KEY_FIELDS = ["op", "flags", "ne", "type", "src0_ne", "src0_type", "src1_ne", "src1_type"]
+_HAS_SHAPE, _HAS_SRC0, _HAS_SRC1 = 1, 2, 4
+
+
+@dataclass(slots=True)
+class GraphBatch:
+    """One graph (one ``llama_decode``). Times are ns on the run's clock; per-node
+    arrays are in the scheduler's order (node ordinal = index)."""
+
+    graph: int
+    phase: str  # "prefill" | "decode"
+    n_tokens: int
+    granularity: str  # "graph" | "layer" | "kernel"
+    t_begin_ns: int  # DECODE_BEGIN
+    t_first_ns: int  # first ask: compute starts
+    t_end_ns: int  # DECODE_END
+    ask_ns: np.ndarray  # int64
+    done_ns: np.ndarray  # int64, -1 where the callback saw no completion
+    c_ns: np.ndarray  # compute time at the reference top clock (engine.graph cost)
+    m_ns: np.ndarray  # memory time
+    launch: np.ndarray  # 1.0 for a kernel, 0.0 for a no-op (view, reshape ...)
+    layer_out: np.ndarray  # bool: the node is a layer's output (``l_out-<i>``)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.ask_ns)
+
+    @property
+    def compute_ns(self) -> int:
+        return self.t_end_ns - self.t_first_ns
+
+
+class NodeCosts:
+    """Per-node (compute, memory, launch) from hook records, cached by the bytes of the
+    fields that decide the cost: decode graphs repeat their shapes every token, so a
+    graph costs one ``np.unique`` plus a dict lookup per distinct node."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._cache: dict[bytes, tuple[float, float, float]] = {}
+        self._by_shape: dict[tuple[str, NodeShape | None], tuple[float, float, float]] = {}
+        self._max = max_entries
+
+    def of(self, op: str, shape: NodeShape | None) -> tuple[float, float, float]:
+        key = (op, shape)
+        got = self._by_shape.get(key)
+        if got is None:
+            kc = cost(op, shape)
+            c, m = node_times(np.array([kc.flops]), np.array([kc.bytes]))
+            got = (float(c[0]), float(m[0]), 0.0 if kc.is_noop else 1.0)
+            if len(self._by_shape) < self._max:
+                self._by_shape[key] = got
+        return got
+
+    def of_records(self, rec: np.ndarray) -> np.ndarray:
+        """(n, 3) array of compute ns, memory ns, launch for ring records."""
+        if len(rec) == 0:
+            return np.zeros((0, 3))
+        keys = np.ascontiguousarray(rec[_KEY_FIELDS])
+        raw = keys.view(np.dtype((np.void, keys.dtype.itemsize)))
+        uniq, first, inv = np.unique(raw, return_index=True, return_inverse=True)
+        vals = np.empty((len(uniq), 3))
+        cache = self._cache
+        for i, u in enumerate(uniq):
+            kb = u.tobytes()
+            got = cache.get(kb)
+            if got is None:
+                got = self._from_record(rec[first[i]])
+                if len(cache) < self._max:
+                    cache[kb] = got
+            vals[i] = got
+        return vals[inv.reshape(-1)]
+
+    def _from_record(self, r: np.void) -> tuple[float, float, float]:
+        flags = int(r["flags"])
+        shape = None
+        if flags & _HAS_SHAPE:
+            shape = NodeShape(
+                ne=tuple(int(x) for x in r["ne"]),  # type: ignore[arg-type]
+                type=int(r["type"]),
+                src0_ne=tuple(int(x) for x in r["src0_ne"]) if flags & _HAS_SRC0 else None,  # type: ignore[arg-type]
+                src0_type=int(r["src0_type"]) if flags & _HAS_SRC0 else -1,
+                src1_ne=tuple(int(x) for x in r["src1_ne"]) if flags & _HAS_SRC1 else None,  # type: ignore[arg-type]
+                src1_type=int(r["src1_type"]) if flags & _HAS_SRC1 else -1,
+                nbytes=int(r["nbytes"]),
+            )
+        op = bytes(r["op"]).decode("ascii", "replace")
+        return self.of(op, shape)
+
+
+def batch_from_records(
+    rec: np.ndarray,
+    *,
+    graph: int,
+    n_tokens: int,
+    granularity: str,
+    t_begin_ns: int,
+    t_end_ns: int,
+    costs: NodeCosts,
+) -> GraphBatch | None:
+    """The batch of graph ``graph`` from raw ring records (``engine.hooks.RECORD_DTYPE``);
+    None when the graph produced no ask (nothing was computed)."""
+    if len(rec) == 0:
+        return None
+    mine = rec[rec["graph"] == graph]
+    asks = mine[mine["phase"] == _ASK]
+    if len(asks) == 0:
+        return None
+    n = len(asks)
+    ask_ns = asks["t_ns"].astype(np.int64)
+    done_ns = np.full(n, -1, dtype=np.int64)
+    dones = mine[mine["phase"] == _DONE]
+    if len(dones):
+        # a done record carries the ordinal of the last asked node
+        base = int(asks["node"][0])
+        idx = dones["node"].astype(np.int64) - base
+        ok = (idx >= 0) & (idx < n)
+        done_ns[idx[ok]] = dones["t_ns"][ok]
+    cmx = costs.of_records(asks)
+    names = asks["name"]
+    layer_out = np.char.startswith(names, LAYER_OUT_PREFIX)
+    return GraphBatch(
+        graph=graph,
+        phase="prefill" if n_tokens > 1 else "decode",
+        n_tokens=n_tokens,
+        granularity=granularity,
+        t_begin_ns=int(t_begin_ns),
+        t_first_ns=int(ask_ns[0]),
+        t_end_ns=int(t_end_ns),
+        ask_ns=ask_ns,
+        done_ns=done_ns,
+        c_ns=cmx[:, 0].copy(),
+        m_ns=cmx[:, 1].copy(),
+        launch=cmx[:, 2].copy(),
+        layer_out=np.asarray(layer_out, dtype=bool),
+    )

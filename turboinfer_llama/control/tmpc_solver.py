@@ -1,0 +1,164 @@
+"""The tube MPC's optimisation, as pure functions: arrays in, levels out.
+
+Kept apart from the event-driven state in ``tmpc.py`` so it can be tested and timed on
+its own, and so live and replay run the very same arithmetic.
+
+* :class:`PhaseTemplate`: per-node work of the last graph of a phase, tabulated per
+  level (cumulative kernel time, host gaps shared by launches, per-block energy/time).
+* :func:`solve_horizon`: the exhaustive search over the compute levels of the next
+  ``n_compute`` graphs (all ``L ** n_compute`` combinations at once, by outer sums),
+  minimising predicted energy subject to the (tube-tightened) latency budget.
+* :func:`block_levels`: per-block levels inside one graph under a time cap, by a price
+  on time (Lagrangian relaxation): each block takes its cheapest level at that price,
+  the cheapest price whose blocks fit wins, and blocks of the next cheaper price are
+  taken in order while the time left allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import PhaseModel, PowerTable
+
+PLAN_BLOCKS = 24  # blocks of a graph that may each get their own level (~1 per layer)
+# prices on time (W = J/s) for the per-block Lagrangian search, cheapest first
+PRICES_W = np.concatenate([[0.0], np.geomspace(0.01, 1000.0, 63)])
+
+_COMBOS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def level_combinations(n_levels: int, n_segments: int) -> tuple[np.ndarray, np.ndarray]:
+    """All level combinations (rows, in ``itertools.product`` order) and the number of
+    level changes inside each."""
+    key = (n_levels, n_segments)
+    if key not in _COMBOS:
+        combos = np.array(
+            list(itertools.product(range(n_levels), repeat=n_segments)), dtype=np.int64
+        )
+        changes = (np.diff(combos, axis=1) != 0).sum(axis=1).astype(np.float64)
+        _COMBOS[key] = (combos, changes)
+    return _COMBOS[key]
+
+
+class PhaseTemplate:
+    """Per-node work of one graph of a phase: compute/memory time at the top clock and
+    launches, tabulated per level by :meth:`tabulate`."""
+
+    __slots__ = (
+        "block_energy_j",
+        "block_ns",
+        "block_of_node",
+        "c_ns",
+        "cum_host_ns",
+        "cum_kernel_ns",
+        "edges",
+        "energy_j",
+        "graph_ns",
+        "host_ns",
+        "kernel_ns",
+        "launch",
+        "layer_out",
+        "m_ns",
+        "n",
+    )
+
+    def __init__(
+        self,
+        c_ns: np.ndarray,
+        m_ns: np.ndarray,
+        launch: np.ndarray,
+        layer_out: np.ndarray | None = None,
+    ) -> None:
+        self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
+        self.n = len(c_ns)
+        self.layer_out = (
+            layer_out if layer_out is not None else np.zeros(self.n, dtype=bool)
+        )
+        self.cum_kernel_ns = np.zeros((1, 1))
+        self.cum_host_ns = np.zeros(1)
+        self.energy_j = self.graph_ns = np.zeros(1)
+
+    def tabulate(
+        self, model: PhaseModel, levels_hz: np.ndarray, host_ns: float, power: PowerTable
+    ) -> None:
+        """Kernel time per node and level from ``model``; the graph's measured host time
+        (level-independent) shared out by kernel launches; whole-graph and per-block
+        energy (J x 1e9, i.e. W x ns) and time per level."""
+        k, _ = model.level_times(self.c_ns, self.m_ns, self.launch, levels_hz)
+        self.kernel_ns = k
+        self.cum_kernel_ns = np.vstack([np.zeros((1, len(levels_hz))), np.cumsum(k, axis=0)])
+        per_launch = host_ns / max(float(self.launch.sum()), 1.0)
+        self.cum_host_ns = np.concatenate([[0.0], np.cumsum(self.launch * per_launch)])
+        self.host_ns = np.diff(self.cum_host_ns)
+        self.energy_j = power.busy_w * self.cum_kernel_ns[-1] + power.idle_w * host_ns
+        self.graph_ns = self.cum_kernel_ns[-1] + host_ns
+        edges = np.unique(np.linspace(0, self.n, min(self.n, PLAN_BLOCKS) + 1).astype(np.int64))
+        self.edges = edges
+        ck = np.diff(self.cum_kernel_ns[edges], axis=0)
+        ch = np.diff(self.cum_host_ns[edges])[:, None]
+        self.block_energy_j = power.busy_w * ck + power.idle_w * ch
+        self.block_ns = ck + ch
+        self.block_of_node = np.repeat(np.arange(len(edges) - 1), np.diff(edges))
+
+    def node_ns(self, level_of_node: np.ndarray) -> np.ndarray:
+        """Predicted time of each node (kernel + its host share) at the given levels."""
+        return self.kernel_ns[np.arange(self.n), level_of_node] + self.host_ns
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonSolution:
+    levels: np.ndarray  # compute level of each graph in the horizon
+    used_ns: float  # predicted time of the chosen plan
+    budget_ns: float  # time the budget allows for the horizon's compute
+    feasible: bool  # False: nothing fits, the fastest plan was taken
+
+
+def solve_horizon(
+    energy: np.ndarray,
+    time_ns: np.ndarray,
+    budget_ns: float,
+    switch_penalty: np.ndarray,
+    combos: np.ndarray,
+) -> HorizonSolution:
+    """Cheapest combination of per-segment levels whose total time fits ``budget_ns``.
+
+    ``energy``/``time_ns``: (segments, levels) tables; ``switch_penalty``: per
+    combination, the energy its level changes cost; ``combos``: the rows of
+    :func:`level_combinations` (row-major, the order the outer sums produce)."""
+    flat_e, flat_d = energy[0], time_ns[0]
+    for i in range(1, len(energy)):
+        flat_e = (flat_e[..., None] + energy[i]).ravel()
+        flat_d = (flat_d[..., None] + time_ns[i]).ravel()
+    flat_e = flat_e + switch_penalty
+    masked = np.where(flat_d <= budget_ns, flat_e, np.inf)
+    best = int(masked.argmin())
+    feasible = bool(masked[best] < np.inf)
+    if not feasible:
+        best = int(flat_d.argmin())
+    return HorizonSolution(combos[best], float(flat_d[best]), float(budget_ns), feasible)
+
+
+def block_levels(
+    block_energy: np.ndarray, block_ns: np.ndarray, cap_ns: float
+) -> tuple[np.ndarray, float] | None:
+    """Per-block levels with the least energy whose total time fits ``cap_ns``, or None
+    when even the fastest price does not fit. Returns (levels, predicted time)."""
+    choice = (block_energy[None] + PRICES_W[:, None, None] * block_ns[None]).argmin(axis=2)
+    nb = len(block_ns)
+    rows = np.arange(nb)
+    tot = block_ns[rows[None, :], choice].sum(axis=1)
+    ok = tot <= cap_ns
+    if not ok.any():
+        return None
+    i = int(ok.argmax())
+    a = choice[i].copy()
+    if i > 0:  # take the next cheaper price's blocks, in order, while time allows
+        b = choice[i - 1]
+        dt = block_ns[rows, b] - block_ns[rows, a]
+        fits = np.cumsum(dt) <= cap_ns - tot[i]
+        k = int(fits.argmin()) if not fits.all() else nb
+        a[:k] = b[:k]
+    return a, float(block_ns[rows, a].sum())
