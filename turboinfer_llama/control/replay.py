@@ -32,12 +32,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..engine.events import Event, EventKind, StallKind
-from ..engine.graph import cost
+from ..engine.graph import KernelCost, cost
 from ..engine.segments import Segment
 from .base import Controller, Decision
+from .executor_model import ExecutorModel
+from .graph_batch import GraphBatch, NodeCosts
+from .plan import Applied, Plan
 
-GRANULARITIES = ("auto", "kernel", "graph")
+GRANULARITIES = ("auto", "kernel", "layer", "graph")
+TIMINGS = ("sim", "recorded")
+# ASSUMPTION: a graph's records reach the controller 300 us after its decode returns
+# (worker wake-up, numpy ingest, plan solve); measured on the build host by
+# ``python -m turboinfer_llama.bench.decision_time`` (ingest + solve) plus a wake-up.
+PLAN_DELAY_NS = 300_000
+LAYER_OUT_PREFIX_STR = "l_out-"
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,11 @@ class ReplayResult:
     decision_us: tuple[float, ...] = ()
     granularity: str = "kernel"
     simulated: bool = True
+    applied: tuple[Applied, ...] = ()  # switches the executor model applied
+    plans: int = 0
+    late_plans: int = 0
+    mismatches: int = 0
+    graph_us_median: float = 0.0  # per-graph ingest + plan solve (controller's worker)
 
     def summary(self) -> dict[str, Any]:
         """The headline figures (no per-decision list), for printing or JSON."""
@@ -83,35 +99,62 @@ class ReplayResult:
 
 
 class _Runner:
-    def __init__(self, controller: Controller, device: Any, timer_ns: int) -> None:
+    """Virtual-time driver: events to the controller, plans to the executor model, the
+    executor's switches and the controller's timed decisions to the device."""
+
+    def __init__(
+        self, controller: Controller, device: Any, timer_ns: int, *, recorded: bool
+    ) -> None:
         self.ctl = controller
         self.dev = device
         self.timer_ns = timer_ns
+        self.recorded = recorded  # pass-through timing: recorded durations, no re-timing
         self.times_ns: list[int] = []
+        self.graph_times_ns: list[int] = []
         self.event_q: list[tuple[int, int, Decision]] = []  # from on_event
         self.plan_q: list[tuple[int, int, Decision]] = []  # from the latest plan()
         self._seq = 0
         self.token_times: dict[int, list[int]] = {}
         self.request_begin: dict[int, int] = {}
         self.on_counters = getattr(controller, "on_counters", None)
+        self.on_graph = getattr(controller, "on_graph", None)
+        self.on_applied = getattr(controller, "on_applied", None)
+        self.node_events = bool(getattr(controller, "offline", False))
+        self.levels = sorted(int(h) for h in device.frequencies_hz())
+        self.ex = ExecutorModel(self.levels, actuate=self._actuate)
+        self.graph_q: list[tuple[int, int, GraphBatch]] = []  # (due, seq, batch)
+        self._log_seen = 0
+        self.plans = 0
+
+    def _actuate(self, t_ns: int, level: int) -> None:
+        self.dev.set_hz(self.levels[level])
 
     # -- controller calls, timed --
+    def _result(self, res: Any, now: int) -> None:
+        if isinstance(res, Plan):
+            self.plans += 1
+            self.ex.set_plan(res, now)
+        elif res is not None:
+            self._queue(self.event_q, res)
+
     def emit(self, kind: EventKind, **kw: Any) -> None:
         """Deliver one event. A returned decision may have changed the controller's
         timed plan, so the plan is polled in the same (timed) call."""
+        self.deliver_graphs()
         now = self.dev.now_ns()
         ev = Event(kind, now, **kw)
         t0 = time.perf_counter_ns()
         d = self.ctl.on_event(ev)
-        plan = self.ctl.plan(now) if d is not None else None
+        plan = self.ctl.plan(now) if isinstance(d, Decision) else None
         self.times_ns.append(time.perf_counter_ns() - t0)
-        if d is not None:
-            self._queue(self.event_q, d)
+        self._result(d, now)
         if plan is not None:
             self._replace_plan(plan)
 
     def ask(self, graph: int, node: Segment) -> None:
-        """The scheduler reaching ``node`` (cb_eval ask)."""
+        """The scheduler reaching ``node`` (cb_eval ask): offline controllers only."""
+        if not self.node_events:
+            return
         self.emit(
             EventKind.NODE_ASK,
             graph=graph,
@@ -121,6 +164,31 @@ class _Runner:
             layer=node.layer,
             shape=node.shape,
         )
+
+    def graph_done(self, batch: GraphBatch, delay_ns: int) -> None:
+        """The graph's records reach the controller's worker ``delay_ns`` after the
+        decode returned (live: the worker wakes, ingests and solves meanwhile)."""
+        if self.on_graph is None:
+            return
+        self._seq += 1
+        bisect.insort(self.graph_q, (self.dev.now_ns() + delay_ns, self._seq, batch))
+
+    def deliver_graphs(self) -> None:
+        now = self.dev.now_ns()
+        while self.graph_q and self.graph_q[0][0] <= now:
+            _, _, batch = self.graph_q.pop(0)
+            t0 = time.perf_counter_ns()
+            if self.on_applied is not None:
+                new = self.ex.log[self._log_seen :]
+                self._log_seen = len(self.ex.log)
+                self.on_applied([(a.t_ns, a.level) for a in new])
+            if self.on_counters is not None:
+                self.on_counters(self.dev.read_counters())
+            plan = self.on_graph(batch) if self.on_graph is not None else None
+            self.graph_times_ns.append(time.perf_counter_ns() - t0)
+            if plan is not None:
+                self.plans += 1
+                self.ex.set_plan(plan, now)
 
     def _replace_plan(self, plan: list[Decision]) -> None:
         self.plan_q = []
@@ -136,33 +204,34 @@ class _Runner:
         self.times_ns.append(time.perf_counter_ns() - t0)
         self._replace_plan(plan)
 
-    def counters(self) -> None:
-        if self.on_counters is not None:
-            t0 = time.perf_counter_ns()
-            self.on_counters(self.dev.read_counters())
-            self.times_ns.append(time.perf_counter_ns() - t0)
-
     def _queue(self, q: list[tuple[int, int, Decision]], d: Decision) -> None:
         self._seq += 1
         bisect.insort(q, (d.at_ns, self._seq, d))
         self.apply_due()
 
     def next_due(self) -> int | None:
-        heads = [q[0][0] for q in (self.event_q, self.plan_q) if q]
+        heads = [q[0][0] for q in (self.event_q, self.plan_q, self.graph_q) if q]
+        ex = self.ex.next_due()
+        if ex is not None:
+            heads.append(ex)
         return min(heads) if heads else None
 
     def apply_due(self) -> None:
         now = self.dev.now_ns()
+        self.deliver_graphs()
+        self.ex.advance(now)
         while True:
-            due = self.next_due()
-            if due is None or due > now:
+            heads = [q for q in (self.event_q, self.plan_q) if q and q[0][0] <= now]
+            if not heads:
                 return
-            q = self.event_q if self.event_q and self.event_q[0][0] == due else self.plan_q
+            q = min(heads, key=lambda q: (q[0][0], q[0][1]))
             _, _, d = q.pop(0)
             self.dev.set_hz(d.freq_hz)
 
     # -- device work --
-    def gap(self, dur_ns: int, kind: str, phase: str, *, timer: bool = False) -> None:
+    def _advance(self, dur_ns: int, kind: str, phase: str, *, timer: bool, busy: bool) -> None:
+        """Advance ``dur_ns``, stopping at every due point (decisions, executor timer,
+        graph deliveries) and, with ``timer``, every ``timer_ns`` to poll ``plan()``."""
         end = self.dev.now_ns() + int(dur_ns)
         self.apply_due()
         first = True
@@ -175,11 +244,13 @@ class _Runner:
             tick = now + self.timer_ns if timer else None
             if tick is not None and tick < stop:
                 stop = tick
-            if first:
+            if busy:
+                self.dev.advance_to(stop, phase=phase)
+            elif first:
                 self.dev.run_gap(stop - now, kind=kind, phase=phase)
-                first = False
             else:
                 self.dev.advance_to(stop, phase=phase)
+            first = False
             if stop >= end:
                 self.apply_due()
                 return
@@ -187,10 +258,16 @@ class _Runner:
                 self.poll()
             self.apply_due()
 
-    def kernel(self, seg: Segment, add_submission: bool) -> None:
+    def gap(self, dur_ns: int, kind: str, phase: str, *, timer: bool = False) -> None:
+        self._advance(dur_ns, kind, phase, timer=timer, busy=False)
+
+    def kernel(self, seg: Segment, c: KernelCost, add_submission: bool) -> None:
         """Run one kernel. A decision due while it runs is applied at its instant: the
         kernel is split there (the simulator's kernel time is linear in its work)."""
-        c = cost(seg.op, seg.shape)
+        if self.recorded:
+            if seg.dur_ns > 0:
+                self._advance(seg.dur_ns, "kernel", seg.phase, timer=False, busy=True)
+            return
         if c.is_noop:
             return
         if add_submission:
@@ -255,16 +332,26 @@ def replay(
     seed: int = 0,
     granularity: str = "auto",
     timer_ns: int = 1_000_000,
+    timing: str = "sim",
+    plan_delay_ns: int = PLAN_DELAY_NS,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
     Controllers other than ``default`` (``uses_device_governor``) run the device in
     userspace mode (its governor off). ``seed`` reseeds controllers that learn with
     randomness (``reseed(seed)``). ``granularity`` is ``auto`` (kernel when the trace
-    has per-kernel timing), ``kernel`` or ``graph``.
+    has per-kernel timing), ``kernel``, ``layer`` or ``graph``: where the eval
+    callback sees node boundaries, as live. ``timing``: ``sim`` re-times kernels on
+    the simulator at the clock in effect; ``recorded`` keeps every recorded duration
+    (pass-through, for comparing a replay with the live run it was recorded from).
+    ``plan_delay_ns``: how long after a graph ends its records reach the controller
+    (live: the worker's wake-up, ingest and solve); a plan later than the next graph's
+    first kernel is late, as live.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {', '.join(TIMINGS)}")
     if not segments:
         raise ValueError("replay needs at least one segment")
     segments = with_graphs(segments)
@@ -276,9 +363,10 @@ def replay(
     kernels = [s for s in segments if s.kind == "kernel"]
     timed = all(s.timed for s in kernels)
     gran = ("kernel" if timed else "graph") if granularity == "auto" else granularity
-    per_node = gran == "kernel"
+    recorded = timing == "recorded"
     graphs = _graphs(segments)
-    r = _Runner(controller, device, timer_ns)
+    costs = NodeCosts()
+    r = _Runner(controller, device, timer_ns, recorded=recorded)
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
@@ -289,17 +377,27 @@ def replay(
     in_graph = False
     prefill_open = False
     started = -1  # graph whose compute has started
+    t_begin = 0
+    ask_ns: list[int] = []
+    done_ns: list[int] = []
+    ordinal = 0
 
     def end_graph() -> None:
         nonlocal in_graph, prefill_open
         if not in_graph:
             return
         in_graph = False
-        r.counters()
+        now = device.now_ns()
+        r.ex.graph_end(now)
         r.emit(EventKind.DECODE_END, graph=graph)
         if prefill_open:
             r.emit(EventKind.PREFILL_END, graph=graph)
             prefill_open = False
+        nodes = graphs.get(graph, [])
+        if started == graph and nodes and ask_ns:
+            r.graph_done(
+                _batch(graph, nodes, gran, t_begin, ask_ns, done_ns, now, costs), plan_delay_ns
+            )
         r.poll()
 
     def end_request() -> None:
@@ -311,15 +409,38 @@ def replay(
             request = -1
 
     def begin_graph(seg: Segment) -> None:
-        nonlocal graph, in_graph, prefill_open
+        nonlocal graph, in_graph, prefill_open, t_begin, ordinal
         end_graph()
         graph, in_graph = seg.graph, True
         nodes = graphs.get(seg.graph, [])
         n_tokens = _batch_of(nodes)
+        ask_ns.clear()
+        done_ns.clear()
+        ordinal = 0
         if seg.phase == "prefill":
             prefill_open = True
             r.emit(EventKind.PREFILL_BEGIN, graph=graph, n_tokens=n_tokens)
+        r.ex.graph_begin(graph)
+        t_begin = device.now_ns()
         r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
+
+    def ask(nd: Segment) -> None:
+        nonlocal ordinal
+        now = device.now_ns()
+        ask_ns.append(now)
+        done_ns.append(-1)
+        r.ex.on_node(ordinal, True, now)
+        ordinal += 1
+        r.ask(graph, nd)
+        r.apply_due()
+
+    def done() -> None:
+        now = device.now_ns()
+        done_ns[-1] = now
+        r.ex.on_node(ordinal - 1, False, now)
+        if r.node_events:
+            r.emit(EventKind.NODE_DONE, graph=graph, node=ordinal - 1)
+        r.apply_due()
 
     for seg in segments:
         if seg.request >= 0 and seg.request != request and seg.stall is not StallKind.IDLE:
@@ -338,7 +459,8 @@ def replay(
                 begin_graph(seg)
                 r.gap(seg.dur_ns, kind.value, seg.phase)
             elif kind is StallKind.INTER_KERNEL:
-                r.gap(seg.dur_ns, kind.value, seg.phase)
+                if gran == "kernel" or recorded:
+                    r.gap(seg.dur_ns, kind.value, seg.phase)
             else:  # SAMPLE
                 end_graph()
                 r.emit(EventKind.SAMPLE_BEGIN, graph=graph, token=seg.token)
@@ -350,23 +472,67 @@ def replay(
             continue
         if not in_graph or seg.graph != graph:
             begin_graph(seg)
+        nodes = graphs.get(seg.graph, [])
         if started != seg.graph:
             started = seg.graph
-            if not per_node:
-                for nd in graphs.get(seg.graph, []):
-                    r.ask(graph, nd)
+            if gran == "graph":  # the scheduler's scan: every ask at compute start
+                for nd in nodes:
+                    ask(nd)
             r.poll()
-        if per_node:
-            r.ask(graph, seg)
-        r.kernel(seg, add_submission=not per_node or not seg.timed)
-        if per_node:
-            r.emit(EventKind.NODE_DONE, graph=graph, node=seg.node, layer=seg.layer)
+        if gran == "kernel":
+            ask(seg)
+        elif gran == "layer" and (ordinal == 0 or _is_layer_out(nodes[ordinal - 1].name)):
+            # the scan up to and including the next layer output, then its compute
+            i = ordinal
+            while i < len(nodes):
+                ask(nodes[i])
+                i += 1
+                if _is_layer_out(nodes[i - 1].name):
+                    break
+        c = cost(seg.op, seg.shape)
+        r.kernel(seg, c, add_submission=gran != "kernel" or not seg.timed)
+        if gran == "kernel" or (gran == "layer" and _is_layer_out(seg.name)):
+            done()
     end_request()
+    r.deliver_graphs()
     res = _result(controller, device, r, gran, t_start, e_start, sw_start)
     res.time_by_phase_ns.update(
         {ph: ns - phase_start.get(ph, 0) for ph, ns in device.time_by_phase_ns.items()}
     )
     return res
+
+
+def _is_layer_out(name: str) -> bool:
+    return name.startswith(LAYER_OUT_PREFIX_STR)
+
+
+def _batch(
+    graph: int,
+    nodes: list[Segment],
+    gran: str,
+    t_begin: int,
+    ask_ns: list[int],
+    done_ns: list[int],
+    t_end: int,
+    costs: NodeCosts,
+) -> GraphBatch:
+    cmx = np.array([costs.of(nd.op, nd.shape) for nd in nodes], dtype=np.float64)
+    n = len(ask_ns)
+    return GraphBatch(
+        graph=graph,
+        phase="prefill" if nodes[0].phase == "prefill" else "decode",
+        n_tokens=_batch_of(nodes),
+        granularity=gran,
+        t_begin_ns=t_begin,
+        t_first_ns=ask_ns[0],
+        t_end_ns=t_end,
+        ask_ns=np.asarray(ask_ns, dtype=np.int64),
+        done_ns=np.asarray(done_ns, dtype=np.int64),
+        c_ns=cmx[:n, 0],
+        m_ns=cmx[:n, 1],
+        launch=cmx[:n, 2],
+        layer_out=np.array([_is_layer_out(nd.name) for nd in nodes[:n]], dtype=bool),
+    )
 
 
 def _batch_of(nodes: list[Segment]) -> int:
@@ -410,4 +576,9 @@ def _result(
         energy_by_phase_j=dict(device.energy_by_phase_j),
         decision_us=us,
         granularity=gran,
+        applied=tuple(r.ex.log),
+        plans=r.plans,
+        late_plans=r.ex.late_plans,
+        mismatches=r.ex.mismatches,
+        graph_us_median=statistics.median(r.graph_times_ns) / 1e3 if r.graph_times_ns else 0.0,
     )

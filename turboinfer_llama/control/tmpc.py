@@ -46,12 +46,14 @@ the start of the sampling stall:
   open-loop on its timed plan and the debt feeds back at the next solve.
 
 A phase with no template yet (the first prefill, the first decode graph) runs at the
-default governor's shadow level, so it accrues no debt.
+top level: it cannot be followed node by node from Python, and it must not fall
+behind the default governor.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 
 import numpy as np
@@ -170,7 +172,7 @@ class TubeMPC:
         t0 = float(starts.min()) if len(starts) else 0.0
         i0 = bisect.bisect_right(self._hist_t, int(t0))
         times = [t0] + [float(t) for t in self._hist_t[i0:]]
-        lv = [self.level_at(int(t0))] + self._hist_lv[i0:]
+        lv = [self.level_at(int(t0)), *self._hist_lv[i0:]]
         hz = self.levels_hz[np.asarray(lv)]
         tb = np.asarray(times)
         integral = np.concatenate([[0.0], np.cumsum(np.diff(tb) * hz[:-1])])
@@ -220,7 +222,7 @@ class TubeMPC:
             self._idle_from = None
             self._reset_request()
             self._last_graph_phase = "idle"
-            lv = max(self.shadow.level, self._prefill_level(), self.level_at(ev.t_ns))
+            lv = self._prefill_level()
             return Plan(
                 first_level=lv,
                 fallback_level=lv,
@@ -317,12 +319,20 @@ class TubeMPC:
 
     def _prefill_level(self) -> int:
         """One level for a prefill graph: the cheapest whose predicted time keeps the
-        TTFT budget against the shadow's level (ratios of the last prefill's template,
-        which carry over to prompts of another length)."""
+        TTFT budget against the default governor's shadow run over the last prefill's
+        template (a copy of the shadow, so its state is untouched); the top level when
+        there is no template yet (the default ramps up during a long prefill, and a
+        graph with no template cannot be followed inside the decode)."""
         tpl = self._templates.get("prefill")
         if tpl is None:
-            return self.shadow.level
-        ref = float(tpl.graph_ns[self.shadow.level])
+            return self.top
+        probe = copy.copy(self.shadow)
+        edges = np.linspace(0, tpl.n, min(tpl.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
+        ref = 0.0
+        for kc, hc in zip(
+            np.diff(tpl.cum_kernel_ns[edges], axis=0), np.diff(tpl.cum_host_ns[edges]), strict=True
+        ):
+            ref += probe.run_compute(kc, float(hc))
         r = self.rel_err.estimate().upper_ns
         ok = tpl.graph_ns * (1.0 + r) <= ref * (1.0 + self.slack)
         cand = np.where(ok, tpl.energy_j, np.inf)
@@ -333,12 +343,12 @@ class TubeMPC:
         self.solves += 1
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
-        if tpl is None:  # nothing to predict from yet: follow the default's shadow
-            lv = self.shadow.level
+        if tpl is None:  # nothing to predict from yet: never fall behind the default
+            lv = self.top
             return Plan(
                 first_level=lv, fallback_level=lv, switches=(Switch(Anchor.TIME, t_now, lv),)
             )
-        nc, busy_w, idle_w = self.n_compute, self.power.busy_w, self.power.idle_w
+        nc, idle_w = self.n_compute, self.power.idle_w
         d_med, d_lo, d_early = self._stall_ns()
         droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         ref_lvl = self.shadow.level
@@ -358,12 +368,17 @@ class TubeMPC:
         levels = sol.levels
         first = int(levels[0])
         future = sum(float(time_ns[i, levels[i]]) for i in range(1, nc))
-        got = block_levels(tpl.block_energy_j, tpl.block_ns, budget - future) if sol.feasible else None
+        got = (
+            block_levels(tpl.block_energy_j, tpl.block_ns, budget - future)
+            if sol.feasible
+            else None
+        )
         if got is not None:
             blocks, used_here = got
         else:
-            blocks, used_here = np.full(len(tpl.block_ns), first, dtype=np.int64), float(
-                time_ns[0, first]
+            blocks, used_here = (
+                np.full(len(tpl.block_ns), first, dtype=np.int64),
+                float(time_ns[0, first]),
             )
         used = used_here + future
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
@@ -390,7 +405,7 @@ class TubeMPC:
                 marks = np.nonzero(tpl.layer_out)[0]
             else:
                 marks = tpl.edges[1:-1] - 1
-            for i in marks[: 96]:
+            for i in marks[:96]:
                 sw.append(Switch(Anchor.NODE, int(i), -1, int(ends[i])))
         if droppable:  # drop before the stall that follows the graph; raise before it
             sw.append(Switch(Anchor.OFFSET, max(0, int(predicted) - s_ns), 0))

@@ -74,9 +74,7 @@ class PhaseTemplate:
     ) -> None:
         self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
         self.n = len(c_ns)
-        self.layer_out = (
-            layer_out if layer_out is not None else np.zeros(self.n, dtype=bool)
-        )
+        self.layer_out = layer_out if layer_out is not None else np.zeros(self.n, dtype=bool)
         self.cum_kernel_ns = np.zeros((1, 1))
         self.cum_host_ns = np.zeros(1)
         self.energy_j = self.graph_ns = np.zeros(1)
