@@ -42,8 +42,21 @@ class Spy:
         self.uses_device_governor = getattr(inner, "uses_device_governor", False)
         self.last_t = -1
         self.seen = 0
+        self.graphs = 0
         if hasattr(inner, "on_counters"):
             self.on_counters = inner.on_counters
+        if hasattr(inner, "on_applied"):
+            self.on_applied = inner.on_applied
+        if hasattr(inner, "on_graph"):
+            self.on_graph = self._on_graph
+
+    def _on_graph(self, batch):
+        now = self.device.now_ns()
+        # a graph's records arrive after it ended, never before (the live worker)
+        assert batch.t_end_ns < now, "graph records delivered before the graph ended"
+        assert batch.t_first_ns <= batch.t_end_ns and (batch.ask_ns <= batch.t_end_ns).all()
+        self.graphs += 1
+        return self.inner.on_graph(batch)
 
     def on_event(self, ev):
         now = self.device.now_ns()
@@ -83,7 +96,11 @@ def test_causal_controllers_never_read_an_event_before_it_happens(trace, name):
     assert not _reachable(ctl, trace)
     spy = Spy(ctl, dev)
     res = replay(trace, spy, dev, seed=0)
-    assert spy.seen > len(trace)  # every kernel's ask/done plus request/token events
+    # the Python events of 12 tokens (request, decode begin/end, sample, token ...)
+    assert spy.seen >= 12 * 5
+    n_graphs = len({s.graph for s in trace if s.kind == "kernel"})
+    if hasattr(ctl, "on_graph"):  # and every graph's records, once, after it ended
+        assert spy.graphs == n_graphs
     assert res.tokens == 12
 
 
@@ -104,6 +121,6 @@ def test_graph_granularity_replays_with_scan_events():
 
 def test_bad_arguments_are_refused(trace):
     with pytest.raises(ValueError, match="granularity"):
-        replay(trace, make_controller("max", device_levels_hz=[1]), SimGpu(), granularity="layer")
+        replay(trace, make_controller("max", device_levels_hz=[1]), SimGpu(), granularity="node")
     with pytest.raises(ValueError, match="at least one segment"):
         replay([], make_controller("max", device_levels_hz=[1]), SimGpu())

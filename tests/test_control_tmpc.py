@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
-from turboinfer_llama.control.tmpc import TubeMPC, _combos
+from turboinfer_llama.control.tmpc import TubeMPC
+from turboinfer_llama.control.tmpc_solver import level_combinations as _combos
 from turboinfer_llama.devices.sim import SimGpu
 
 SLACK = 0.02

@@ -22,6 +22,7 @@ import threading
 from collections import deque
 from typing import Any
 
+from .control.applied import energy_on_timeline
 from .control.factory import for_device, make_controller
 from .control.replay import replay
 from .devices import open_device
@@ -37,15 +38,31 @@ RECENT_REQUESTS = 32
 
 
 class SimulatedAccount:
-    """Controller + simulator in virtual time, fed with completed requests."""
+    """Controller + simulator in virtual time, fed with completed requests; and the
+    live loop on a recording executor, whose switches are accounted on the recorded
+    timeline (applied energy)."""
 
     def __init__(self, settings: PowerSettings, device: SimGpu) -> None:
+        from .control.governor import Governor
+
         self.device = device
         self.shadow = SimGpu(device.profile)
-        self.controller = make_controller(
-            settings.controller, **for_device(device), latency_slack=settings.latency_slack
-        )
+        kw = {**for_device(device), "latency_slack": settings.latency_slack}
+        self.controller = make_controller(settings.controller, **kw)
         self.baseline = make_controller("default", **for_device(self.shadow))
+        self._initial_level = device.frequencies_hz().index(device.current_hz())
+        # the loop that runs live: same controller kind, fresh state, switches recorded
+        self.loop = Governor(
+            make_controller(settings.controller, **kw),
+            device,
+            record_only=True,
+            granularity=settings.granularity,
+            native=settings.native_hooks,
+        ).start()
+        self.pass_through = make_controller(settings.controller, **kw)
+        self.applied_j = 0.0
+        self.replay_pass_j = 0.0
+        self.pass_tokens = 0
         self._lock = threading.Lock()
         self._pending: list[Segment] = []
         self._ready: list[Segment] = []
@@ -57,6 +74,19 @@ class SimulatedAccount:
         self.decision_us: deque[float] = deque(maxlen=4096)
         self.last_error: str | None = None
         self._final: dict[str, Any] | None = None
+
+    # -- the live loop (engine thread; cheap) --
+    def on_event(self, event: Event) -> None:
+        self.loop.on_event(event)
+
+    def on_decode_begin(self, graph: int) -> None:
+        self.loop.on_decode_begin(graph)
+
+    def on_decode_end(self, raw: Any, **kw: Any) -> None:
+        self.loop.on_decode_end(raw, **kw)
+
+    def bind_hook(self, hook: Any) -> None:
+        self.loop.bind_hook(hook)
 
     def add(self, segments: list[Segment]) -> None:
         with self._lock:
@@ -73,7 +103,10 @@ class SimulatedAccount:
             ready, self._ready = self._ready, []
             if not ready or not any(s.kind == "kernel" for s in ready):
                 return
+            self.loop.wait_idle()
+            applied = list(self.loop.applied_log)
             for req in _by_request(ready):
+                self._account_applied(req, applied)
                 e0, b0 = self.device.energy_j, self.shadow.energy_j
                 try:
                     r = replay(req, self.controller, self.device)
@@ -99,10 +132,29 @@ class SimulatedAccount:
                         }
                     )
 
+    def _account_applied(self, req: list[Segment], applied: list[tuple[int, int]]) -> None:
+        """Applied energy of the live loop's switches on this request's recorded
+        timeline, and a pass-through replay of the same request through a fresh
+        controller accounted alike (both simulated)."""
+        tokens = sum(1 for s in req if s.stall is StallKind.SAMPLE)
+        if not tokens:
+            return
+        got = energy_on_timeline(req, applied, self.device, initial_level=self._initial_level)
+        dev = SimGpu(self.device.profile)
+        try:
+            r = replay(req, self.pass_through, dev, timing="recorded")
+        except (DeviceError, ValueError) as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            return
+        self.applied_j += got.energy_j
+        self.replay_pass_j += r.energy_j
+        self.pass_tokens += tokens
+
     def summary(self) -> dict[str, Any]:
         if self._final is not None:
             return self._final
         self.flush()
+        loop = self.loop.health()
         d, s = self.device, self.shadow
         t_s = self.virtual_s
         saved = s.energy_j - d.energy_j
@@ -125,7 +177,25 @@ class SimulatedAccount:
             "switches": self.switches,
             "decision_us_median": us[len(us) // 2] if us else None,
             "recent_requests": list(self.recent),
-            "health": {"ok": self.last_error is None, "last_error": self.last_error},
+            "applied_energy_per_token_j": (
+                self.applied_j / self.pass_tokens if self.pass_tokens else None
+            ),
+            "replay_energy_per_token_j": (
+                self.replay_pass_j / self.pass_tokens if self.pass_tokens else None
+            ),
+            "live": {
+                "switches": loop["decisions_applied"],
+                "levels_used": loop["levels_used"],
+                "graphs_planned": loop["graphs_planned"],
+                "graph_plan_us_median": loop["graph_plan_us_median"],
+                "feedback": loop["feedback"],
+                "executor": loop["executor"],
+                "actuation": "recorded (simulated device): switches are logged, not applied",
+            },
+            "health": {
+                "ok": self.last_error is None and loop["ok"],
+                "last_error": self.last_error or loop["error"],
+            },
         }
 
     def close(self) -> None:
@@ -133,6 +203,7 @@ class SimulatedAccount:
         if self._final is None:
             self.request_done()
             self._final = self.summary()
+        self.loop.close()
         self.device.close()
         self.shadow.close()
 
@@ -171,10 +242,21 @@ class RealDeviceControl:
             **for_device(device),
             latency_slack=settings.latency_slack,
         )
-        self.governor = Governor(ctrl, device).start()
+        self.governor = Governor(
+            ctrl, device, granularity=settings.granularity, native=settings.native_hooks
+        ).start()
 
     def on_event(self, event: Event) -> None:
         self.governor.on_event(event)
+
+    def on_decode_begin(self, graph: int) -> None:
+        self.governor.on_decode_begin(graph)
+
+    def on_decode_end(self, raw: Any, **kw: Any) -> None:
+        self.governor.on_decode_end(raw, **kw)
+
+    def bind_hook(self, hook: Any) -> None:
+        self.governor.bind_hook(hook)
 
     def summary(self) -> dict[str, Any]:
         d = self.device
@@ -184,7 +266,11 @@ class RealDeviceControl:
             "device": d.name,
             "controller": health["controller"],
             "switches": health["decisions_applied"],
+            "levels_used": health["levels_used"],
+            "feedback": health["feedback"],
+            "executor": health["executor"],
             "decision_us_median": health["decision_us_median"],
+            "graph_plan_us_median": health["graph_plan_us_median"],
             "health": {"ok": health["ok"], "last_error": health["error"], **health},
         }
         try:

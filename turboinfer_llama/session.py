@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ._clock import now_ns
 from .devices.base import GpuDevice
 from .engine.events import Event, EventKind
@@ -76,6 +78,12 @@ class PowerSession:
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
         self._closed = False
+        self._decode_begin = (0, 1)
+        # the live loop (engine-side calls): the real-device governor, or the
+        # simulated device's recording loop
+        self._loop: Live | None = live
+        if live is not None:
+            live.bind_hook(hook)
         if isinstance(live, SimulatedAccount):
             self._sinks.append(live.add)
         self._wake = threading.Event()
@@ -93,12 +101,15 @@ class PowerSession:
         settings'), replacing the current device wiring. Used by the benchmark on real
         hardware, where one device serves several controllers in turn."""
         self.materialize()
-        old, self.live, self._real = self.live, None, None
+        old, self.live, self._real, self._loop = self.live, None, None, None
         if old is not None:
             old.close()
         live = RealDeviceControl(self.settings, device, controller, owns_device=False)
+        if self._hook is not None:
+            live.bind_hook(self._hook)
         self.live = live
         self._real = live
+        self._loop = live
 
     @property
     def hook(self) -> EvalHook | None:
@@ -119,19 +130,21 @@ class PowerSession:
         if full:
             self._wake.set()
 
-    def emit(self, kind: EventKind, **fields: Any) -> None:
+    def emit(self, kind: EventKind, **fields: Any) -> Event:
         event = Event(kind, now_ns(), **fields)
         self._push(event)
-        if self._real is not None:
-            self._real.on_event(event)
+        if self._loop is not None:
+            self._loop.on_event(event)
+        return event
 
-    def _drain(self) -> None:
+    def _drain(self) -> Any:
         hook = self._hook
         if hook is None:
-            return
+            return None
         raw = hook.drain_raw()
         if len(raw):
             self._push(raw, len(raw))
+        return raw
 
     def on_decode_begin(self, n_tokens: int) -> None:
         if self._hook is None:
@@ -140,13 +153,25 @@ class PowerSession:
         # belong to no graph of ours; the timeline keeps but does not segment them.
         self._drain()
         self._graph = self._hook.begin_graph()
-        self.emit(EventKind.DECODE_BEGIN, graph=self._graph, n_tokens=n_tokens)
+        if self._loop is not None:
+            self._loop.on_decode_begin(self._graph)
+        ev = self.emit(EventKind.DECODE_BEGIN, graph=self._graph, n_tokens=n_tokens)
+        self._decode_begin = (ev.t_ns, n_tokens)
 
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
-        self._drain()
-        self.emit(EventKind.DECODE_END, graph=self._graph)
+        raw = self._drain()
+        ev = self.emit(EventKind.DECODE_END, graph=self._graph)
+        if self._loop is not None:
+            t_begin, n_tokens = self._decode_begin
+            self._loop.on_decode_end(
+                raw if isinstance(raw, np.ndarray) else None,
+                graph=self._graph,
+                n_tokens=n_tokens,
+                t_begin_ns=t_begin,
+                t_end_ns=ev.t_ns,
+            )
 
     def on_request_begin(self, n_prompt: int) -> None:
         self._requests += 1
@@ -270,6 +295,7 @@ class PowerSession:
         if self._hook is not None:
             self._hook.disable()
         self._real = None
+        self._loop = None
 
     def close(self) -> None:
         """Free the hook's ring. Only after the context is gone. Idempotent."""
@@ -277,6 +303,7 @@ class PowerSession:
             return
         self._closed = True
         self._real = None
+        self._loop = None
         self._wake.set()
         if sys.is_finalizing():  # the worker is frozen and may hold our locks
             self._release_now()

@@ -1,17 +1,29 @@
 """The controller interface every policy and baseline implements.
 
 Controllers are causal: ``on_event`` sees events in time order and nothing after
-``now``. Only the oracle (which is given the whole trace at construction) may look
-ahead. Frequencies are Hz; times are on the clock of the run (monotonic ns live,
-virtual ns in replay).
+``now``. Only the oracle (which is given the whole trace at construction, and sets
+``offline``) may look ahead. Frequencies are Hz; times are on the clock of the run
+(monotonic ns live, virtual ns in replay).
+
+What a controller gets is the same live and in replay (``control/governor.py``,
+``control/replay.py``): the engine's Python events through ``on_event``, and after
+each ``llama_decode`` that graph's node records as one ``GraphBatch`` through
+``on_graph`` (with the switches the executor applied first, through ``on_applied``,
+and device counters through ``on_counters``). It answers with ``Decision``s
+(switch now, or at a time) or ``Plan``s (switches inside the next graph, executed
+natively without Python). Only offline controllers receive per-node events.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..engine.events import Event
+
+if TYPE_CHECKING:
+    from .graph_batch import GraphBatch
+    from .plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +37,29 @@ class Decision:
 
 class Controller(Protocol):
     name: str
+    # True: the device's own governor runs (the controller only observes)
+    uses_device_governor: bool
 
-    def on_event(self, event: Event) -> Decision | None:
-        """React to one engine event; return a frequency decision or None."""
+    def on_event(self, event: Event) -> Decision | Plan | None:
+        """React to one engine event; return a decision, a plan, or None."""
         ...
 
     def plan(self, now_ns: int) -> list[Decision]:
         """Decisions scheduled for the future, as known at ``now_ns`` (timer path)."""
+        ...
+
+
+class GraphAware(Protocol):
+    """Optional part of the interface: per-graph learning and planning."""
+
+    def on_graph(self, batch: GraphBatch) -> Plan | None:
+        """One finished graph's records; return the plan for the next graph."""
+        ...
+
+    def on_applied(self, applied: list[tuple[int, int]]) -> None:
+        """Switches the executor applied since the last call: ``(t_ns, level)``."""
+        ...
+
+    def on_counters(self, counters: Any) -> None:
+        """Device counters read after a graph (``devices.base.Counters``)."""
         ...

@@ -1,44 +1,59 @@
-"""The live governor loop: engine events in, frequency decisions out to a GpuDevice.
+"""The live loop: engine events and graph records in, plans to the executor, switches out.
 
-Fast path -- the governor runs in the producer's context. The engine's hooks call
-``Governor.on_event`` synchronously at each event boundary (graph start, node,
-graph end, token). That call first applies any timed decision that has come due,
-then asks the controller, then applies an immediate decision with ``set_hz`` -- all
-on the engine's own thread, so a planned switch lands at the boundary without
-waiting for another Python thread to be scheduled (on a loaded phone a thread
-wake-up costs tens to hundreds of microseconds, the GIL hand-off more; the inline
-path costs one controller call, measured by ``bench/decision_time.py``).
-Decisions planned for instants *between* events (the raise one switch latency
-before a stall ends) go to a small timer thread that sleeps until the next one is
-due; it is the only path that waits for a wake-up, and it is used only inside stalls.
+Who does what, live (docs/architecture.md, "The live loop"):
 
-Health: if the device fails (``DeviceError`` or ``OSError``: a write error, the
-device gone), the governor restores the snapshot it took at start (the device's
-default governor and range), stops steering, keeps accepting events so generation
-goes on, logs the error and reports it in ``health()``.
+* **Engine thread, inline** (``on_event``, ``on_decode_begin``, ``on_decode_end``): the
+  controller sees the Python events (request, decode begin/end, sample, token, idle);
+  request boundaries may answer with an immediate switch or a small plan. At the end
+  of each ``llama_decode`` the executor is told the graph ended and the graph's raw
+  records are queued for the worker -- no per-node Python work on the decode path.
+* **Worker thread**: turns the records into a :class:`GraphBatch` (numpy), hands the
+  controller the switches the executor applied and the device counters, and sets the
+  plan the controller solves for the next graph. This runs during the sampling
+  stall; a plan that is not ready when the next graph starts is late, and the
+  executor keeps going without it (``fallback_level``).
+* **Executor** (``hooks/ti_exec.c`` through ``engine.executor``, or the Python
+  ``ThreadedExecutor`` when the native library is missing): fires the plan's switches
+  inside ``llama_decode`` -- node-keyed from the eval callback, time-keyed from its
+  timer thread -- through an actuator opened once.
+* **Timer thread**: only for timed ``Decision``s of baselines that return them.
+
+Health: if the device or the executor fails (a write error, the device gone), the
+governor stops the executor, restores the snapshot it took at start (the device's
+default governor and range), stops steering, keeps accepting events so generation goes
+on, and reports the error in ``health()``. Missing counters degrade, they do not
+disable: the controller then runs on engine timing alone (``feedback: engine-only``).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import queue
 import statistics
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from .._clock import now_ns
 from ..devices.base import DeviceError, DeviceState, GpuDevice
 from ..engine.events import Event, EventKind
 from .base import Controller, Decision
+from .graph_batch import GraphBatch, NodeCosts, batch_from_records
+from .live_executor import LiveExecutor, make_executor
+from .plan import Plan
 
 log = logging.getLogger(__name__)
 
-_COUNTER_EVENTS = (EventKind.DECODE_END,)
+_PLAN_EVENTS = (EventKind.DECODE_END, EventKind.REQUEST_END, EventKind.IDLE)
 
 
 class Governor:
-    """Drive ``device`` with ``controller`` from live events (see module docstring)."""
+    """Drive ``device`` with ``controller`` from live events (see module docstring).
+
+    ``record_only``: the device is the simulator; the executor records its switches
+    (for applied-energy accounting) and nothing is written anywhere."""
 
     def __init__(
         self,
@@ -47,55 +62,105 @@ class Governor:
         *,
         timer: bool = True,
         clock: Any = now_ns,
+        record_only: bool = False,
+        granularity: str = "graph",
+        native: bool = True,
     ) -> None:
         self.controller = controller
         self.device = device
         self._clock = clock
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # controller state and the decision queue
         self._queue: list[tuple[int, int, Decision]] = []
         self._seq = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._use_timer = timer
+        self._record_only = record_only
+        self._granularity = granularity
+        self._native = native
         self._snapshot: DeviceState | None = None
         self._steering = not getattr(controller, "uses_device_governor", False)
         self._on_counters = getattr(controller, "on_counters", None)
+        self._on_graph = getattr(controller, "on_graph", None)
+        self._on_applied = getattr(controller, "on_applied", None)
+        self.levels_hz = sorted(int(h) for h in device.frequencies_hz())
+        self.executor: LiveExecutor | None = None
         self.failed = False
         self.error: str | None = None
         self.fallback: str | None = None
+        self.feedback = "counters"
         self.applied = 0
         self.events = 0
-        self._graph = -1
+        self.graphs = 0
+        self.levels_used: Counter[int] = Counter()
+        self.applied_log: list[tuple[int, int]] = []  # (t_ns, level), kept for accounting
         self._decision_ns: list[int] = []
+        self._graph_ns: list[int] = []
+        self._costs = NodeCosts()
+        self._work_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
 
     # ---- lifecycle -----------------------------------------------------------------
 
     def start(self) -> Governor:
-        try:
-            self._snapshot = self.device.snapshot()
-        except (DeviceError, OSError) as e:
-            self._fail(e, restore=False)
+        if not self._record_only:
+            try:
+                self._snapshot = self.device.snapshot()
+            except (DeviceError, OSError) as e:
+                self._fail(e, restore=False)
+                return self
+        if not self._steering:
             return self
-        if self._use_timer and self._steering:
+        try:
+            self.executor = make_executor(
+                self.device, self.levels_hz, record_only=self._record_only, native=self._native
+            )
+        except (DeviceError, OSError) as e:
+            self._fail(e)
+            return self
+        if self._on_graph is not None:
+            self._worker = threading.Thread(
+                target=self._work, name="turboinfer-planner", daemon=True
+            )
+            self._worker.start()
+        if self._use_timer:
             self._thread = threading.Thread(
                 target=self._timer_loop, name="turboinfer-governor", daemon=True
             )
             self._thread.start()
         return self
 
+    def bind_hook(self, hook: Any) -> None:
+        """Let the executor see the eval callback's node boundaries (native hook and
+        native executor), so node-keyed plans can run; otherwise plans are time-keyed."""
+        ex = self.executor
+        if ex is not None and ex.attach(hook):
+            return
+        self._granularity = "graph"
+
     def close(self) -> None:
-        """Stop the timer and put the device back as it was found."""
+        """Stop the executor and the threads, then put the device back as found. No
+        switch can land after the restore: the executor is joined first."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
+        self._work_q.put(None)
+        if self.executor is not None:
+            self.executor.stop()
+        for t in (self._thread, self._worker):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=2.0)
+        self._collect_log()
         with self._lock:
             if self._snapshot is not None and not self.failed:
                 try:
                     self.device.restore(self._snapshot)
                 except (DeviceError, OSError) as e:
                     log.warning("could not restore %s on close: %s", self.device.name, e)
+        if self.executor is not None:
+            self.executor.close()
 
     def __enter__(self) -> Governor:
         return self.start()
@@ -103,42 +168,142 @@ class Governor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- fast path: called by the engine's hooks -------------------------------------
+    # ---- engine thread ---------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
         """Handle one engine event on the caller's thread."""
         with self._lock:
             self.events += 1
-            if self.failed:
+            if self.failed or not self._steering:
+                if not self.failed:
+                    self.controller.on_event(event)
                 return
             self._apply_due(self._clock())
-            if self._on_counters is not None and event.kind in _COUNTER_EVENTS:
-                try:
-                    counters = self.device.read_counters()
-                except (DeviceError, OSError) as e:
-                    self._fail(e)
-                    return
-                self._on_counters(counters)
-            graph_start = event.kind is EventKind.NODE_ASK and event.graph != self._graph
-            if graph_start:
-                self._graph = event.graph
+            counters_inline = self._on_counters is not None and self._on_graph is None
+            if counters_inline and event.kind is EventKind.DECODE_END:
+                self._read_counters()
             t0 = time.perf_counter_ns()
             d = self.controller.on_event(event)
-            plan = (
+            timed = (
                 self.controller.plan(event.t_ns)
-                if d is not None or graph_start or event.kind in _PLAN_EVENTS
+                if isinstance(d, Decision) or event.kind in _PLAN_EVENTS
                 else None
             )
             self._decision_ns.append(time.perf_counter_ns() - t0)
             if len(self._decision_ns) > 100_000:
                 del self._decision_ns[:50_000]
-            if plan is not None:
+            if isinstance(d, Plan):
+                self._set_plan(d)
+            if timed:
                 self._queue = []
-                for p in plan:
+                for p in timed:
                     self._push(p)
-            if d is not None:
+            if isinstance(d, Decision):
                 self._push(d)
             self._apply_due(self._clock())
+
+    def on_decode_begin(self, graph: int) -> None:
+        ex = self.executor
+        if ex is not None and not self.failed:
+            ex.graph_begin(graph)
+
+    def on_decode_end(
+        self, raw: Any, *, graph: int, n_tokens: int, t_begin_ns: int, t_end_ns: int
+    ) -> None:
+        """The graph's records (raw, from the hook's ring) go to the worker."""
+        ex = self.executor
+        if ex is None or self.failed:
+            return
+        ex.graph_end()
+        if self._worker is not None and raw is not None and len(raw):
+            self._idle.clear()
+            self._work_q.put((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+
+    def wait_idle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the worker has planned every queued graph (tests, accounting)."""
+        return self._idle.wait(timeout_s)
+
+    # ---- worker ----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            item = self._work_q.get()
+            if item is None or self._stop.is_set():
+                self._idle.set()
+                return
+            try:
+                self._plan_graph(*item)
+            except Exception as e:  # the worker must survive; generation goes on
+                log.exception("turboinfer planner failed on a graph")
+                with self._lock:
+                    self.error = f"planner: {type(e).__name__}: {e}"
+            if self._work_q.empty():
+                self._idle.set()
+
+    def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
+        start = time.perf_counter_ns()
+        batch: GraphBatch | None = batch_from_records(
+            raw,
+            graph=graph,
+            n_tokens=n_tokens,
+            granularity=self._granularity,
+            t_begin_ns=t0,
+            t_end_ns=t1,
+            costs=self._costs,
+        )
+        if batch is None:
+            return
+        with self._lock:
+            if self.failed:
+                return
+            self._collect_log()
+            if self._on_counters is not None and self.feedback != "engine-only":
+                self._read_counters()
+            plan = self._on_graph(batch) if self._on_graph is not None else None
+            if plan is not None:
+                self._set_plan(plan)
+            self.graphs += 1
+            self._graph_ns.append(time.perf_counter_ns() - start)
+            if len(self._graph_ns) > 10_000:
+                del self._graph_ns[:5_000]
+
+    def _collect_log(self) -> None:
+        ex = self.executor
+        if ex is None:
+            return
+        new = ex.drain_log()
+        if new:
+            pairs = [(a.t_ns, a.level) for a in new]
+            self.applied += len(new)
+            self.levels_used.update(lv for _, lv in pairs)
+            self.applied_log.extend(pairs)
+            if self._on_applied is not None:
+                self._on_applied(pairs)
+        err = ex.error()
+        if err is not None and not self.failed:
+            self._fail(DeviceError(f"executor: {err}"))
+
+    def _read_counters(self) -> None:
+        try:
+            counters = self.device.read_counters()
+        except (DeviceError, OSError) as e:
+            # degrade, do not disable: steer on engine timing alone
+            self.feedback = "engine-only"
+            log.warning(
+                "%s: no usable counters (%s); tmpc runs on engine timing alone",
+                getattr(self.device, "name", "?"),
+                e,
+            )
+            return
+        if self._on_counters is not None:
+            self._on_counters(counters)
+
+    # ---- switches ------------------------------------------------------------------
+
+    def _set_plan(self, plan: Plan) -> None:
+        ex = self.executor
+        if ex is not None and not self.failed:
+            ex.set_plan(plan)
 
     def _push(self, d: Decision) -> None:
         self._seq += 1
@@ -146,15 +311,15 @@ class Governor:
         self._wake.set()
 
     def _apply_due(self, now: int) -> None:
+        ex = self.executor
         while self._queue and self._queue[0][0] <= now and not self.failed:
             _, _, d = self._queue.pop(0)
-            try:
-                self.device.set_hz(d.freq_hz)
-                self.applied += 1
-            except (DeviceError, OSError) as e:
-                self._fail(e)
-
-    # ---- timer path: decisions due between events ----------------------------------
+            if ex is None:
+                return
+            level = bisect.bisect_left(self.levels_hz, d.freq_hz)
+            ex.switch_now(min(level, len(self.levels_hz) - 1))
+        if ex is not None and ex.error() is not None and not self.failed:
+            self._collect_log()
 
     def _timer_loop(self) -> None:
         while not self._stop.is_set():
@@ -176,8 +341,10 @@ class Governor:
             getattr(self.device, "name", "?"),
             self.error,
         )
+        if self.executor is not None:
+            self.executor.stop()  # no native write may land after the restore
         if not restore or self._snapshot is None:
-            self.fallback = "none (no snapshot)"
+            self.fallback = "none (no snapshot)" if not self._record_only else None
             return
         try:
             self.device.restore(self._snapshot)
@@ -188,6 +355,10 @@ class Governor:
 
     def health(self) -> dict[str, Any]:
         """State for ``llm.power.stats()`` and logs."""
+        with self._lock:
+            self._collect_log()
+        ex = self.executor
+        st = ex.status() if ex is not None else {}
         return {
             "ok": not self.failed,
             "controller": getattr(self.controller, "name", type(self.controller).__name__),
@@ -195,15 +366,15 @@ class Governor:
             "error": self.error,
             "fallback": self.fallback,
             "events": self.events,
+            "graphs_planned": self.graphs,
             "decisions_applied": self.applied,
+            "levels_used": len(self.levels_used),
+            "feedback": self.feedback,
+            "executor": st,
             "decision_us_median": (
                 statistics.median(self._decision_ns) / 1e3 if self._decision_ns else None
             ),
+            "graph_plan_us_median": (
+                statistics.median(self._graph_ns) / 1e3 if self._graph_ns else None
+            ),
         }
-
-
-_PLAN_EVENTS = (
-    EventKind.DECODE_END,
-    EventKind.REQUEST_END,
-    EventKind.IDLE,
-)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.lib.recfunctions import repack_fields
 
 from ..engine.events import NodeShape
 from ..engine.graph import cost
@@ -80,7 +81,7 @@ class NodeCosts:
         """(n, 3) array of compute ns, memory ns, launch for ring records."""
         if len(rec) == 0:
             return np.zeros((0, 3))
-        keys = np.ascontiguousarray(rec[_KEY_FIELDS])
+        keys = repack_fields(rec[_KEY_FIELDS])  # packed: no other field in the key
         raw = keys.view(np.dtype((np.void, keys.dtype.itemsize)))
         uniq, first, inv = np.unique(raw, return_index=True, return_inverse=True)
         vals = np.empty((len(uniq), 3))

@@ -245,7 +245,7 @@ class _Runner:
             if tick is not None and tick < stop:
                 stop = tick
             if busy:
-                self.dev.advance_to(stop, phase=phase)
+                self.dev.run_busy(stop - now, phase=phase)
             elif first:
                 self.dev.run_gap(stop - now, kind=kind, phase=phase)
             else:

@@ -379,6 +379,22 @@ class SimGpu:
             self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + int(dur_ns)
             self._idle_until(self._t + int(dur_ns), phase)
 
+    def run_busy(self, dur_ns: int, *, phase: str) -> None:
+        """Busy for exactly ``dur_ns`` at the clock in effect (pass-through replay of a
+        recorded kernel: its measured duration, not re-timed by the clock)."""
+        if dur_ns < 0:
+            raise ValueError(f"busy time must be >= 0, got {dur_ns}")
+        with self._lock:
+            self._phase = phase
+            self._idle_since = None
+            self._slumber = False
+            end = self._t + int(dur_ns)
+            while self._t < end:
+                nxt = int(min(end, self._next_event_ns()))
+                self._account(nxt - self._t, "busy", phase)
+                self._fire_due()
+            self._tz_notify()
+
     def advance_to(self, t_ns: int, *, phase: str | None = None) -> None:
         """Idle until virtual time ``t_ns`` (no-op if it is not in the future)."""
         with self._lock:

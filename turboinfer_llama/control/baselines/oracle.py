@@ -89,6 +89,7 @@ def _phase_times(result: Any) -> dict[str, float]:
 
 class Oracle:
     name = "oracle"
+    offline = True  # reads the whole trace; replay gives it per-node events
     uses_device_governor = False
 
     def __init__(

@@ -55,7 +55,9 @@ class ZttQLearning:
         self.power = power
         self.slack = latency_slack
         # latency bookkeeping only (debt vs the default's shadow); its decisions are unused
-        self._ref = TubeMPC(self.levels, latency_slack=latency_slack, power=power, shadow=shadow)
+        self._ref = TubeMPC(
+            self.levels, latency_slack=latency_slack, power=power, shadow=shadow, planning=False
+        )
         self.q = np.zeros((self.L, len(_BUSY_EDGES) + 1, 3, 3))
         self.alpha, self.gamma = alpha, gamma
         self.epsilon, self.epsilon_decay = epsilon, epsilon_decay
@@ -119,6 +121,13 @@ class ZttQLearning:
             return None
         self.level = new
         return Decision(self.levels[new], t, "ztt")
+
+    def on_graph(self, batch) -> None:
+        """Latency bookkeeping only (the reference's debt); zTT decides per token."""
+        self._ref.on_graph(batch)
+
+    def on_applied(self, applied: list[tuple[int, int]]) -> None:
+        self._ref.on_applied(applied)
 
     def plan(self, now_ns: int) -> list[Decision]:
         return []
