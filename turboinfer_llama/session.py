@@ -281,6 +281,13 @@ class PowerSession:
 
     def record(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> str:
         """Save the raw events for deterministic replay (``turboinfer bench --replay``)."""
+        meta = dict(meta or {})
+        loop = getattr(self._loop or self.live, "loop", None) or getattr(
+            self._loop or self.live, "governor", None
+        )
+        if loop is not None and loop.plan_delay_ns:
+            # when each graph's plan was set, live: replay models the same delays
+            meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
         return str(save_trace(path, self.timeline.events(), meta))
 
     # -- teardown --------------------------------------------------------------

@@ -33,7 +33,7 @@ import queue
 import statistics
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 from .._clock import now_ns
@@ -42,7 +42,7 @@ from ..engine.events import Event, EventKind
 from .base import Controller, Decision
 from .graph_batch import GraphBatch, NodeCosts, batch_from_records
 from .live_executor import LiveExecutor, make_executor
-from .plan import Plan
+from .plan import Applied, Plan
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class Governor:
         self.graphs = 0
         self.levels_used: Counter[int] = Counter()
         self.applied_log: list[tuple[int, int]] = []  # (t_ns, level), kept for accounting
+        self.applied_entries: deque[Applied] = deque(maxlen=200_000)
+        # graph -> ns from its end until its plan was set (replay models the same delay)
+        self.plan_delay_ns: dict[int, int] = {}
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []
         self._costs = NodeCosts()
@@ -262,6 +265,8 @@ class Governor:
             plan = self._on_graph(batch) if self._on_graph is not None else None
             if plan is not None:
                 self._set_plan(plan)
+                if len(self.plan_delay_ns) < 1_000_000:
+                    self.plan_delay_ns[graph] = now_ns() - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
             if len(self._graph_ns) > 10_000:
@@ -274,6 +279,7 @@ class Governor:
         new = ex.drain_log()
         if new:
             pairs = [(a.t_ns, a.level) for a in new]
+            self.applied_entries.extend(new)
             self.applied += len(new)
             self.levels_used.update(lv for _, lv in pairs)
             self.applied_log.extend(pairs)

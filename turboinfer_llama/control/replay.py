@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,7 @@ class ReplayResult:
     late_plans: int = 0
     mismatches: int = 0
     graph_us_median: float = 0.0  # per-graph ingest + plan solve (controller's worker)
+    graph_begin_ns: dict[int, int] = field(default_factory=dict)  # DECODE_BEGIN, virtual
 
     def summary(self) -> dict[str, Any]:
         """The headline figures (no per-decision list), for printing or JSON."""
@@ -125,6 +126,7 @@ class _Runner:
         self.graph_q: list[tuple[int, int, GraphBatch]] = []  # (due, seq, batch)
         self._log_seen = 0
         self.plans = 0
+        self.graph_begin_ns: dict[int, int] = {}
 
     def _actuate(self, t_ns: int, level: int) -> None:
         self.dev.set_hz(self.levels[level])
@@ -334,6 +336,7 @@ def replay(
     timer_ns: int = 1_000_000,
     timing: str = "sim",
     plan_delay_ns: int = PLAN_DELAY_NS,
+    plan_delays_ns: Mapping[int, int] | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -346,7 +349,8 @@ def replay(
     (pass-through, for comparing a replay with the live run it was recorded from).
     ``plan_delay_ns``: how long after a graph ends its records reach the controller
     (live: the worker's wake-up, ingest and solve); a plan later than the next graph's
-    first kernel is late, as live.
+    first kernel is late, as live. ``plan_delays_ns``: per graph id, the delay a live
+    run measured (``PowerSession.record`` saves them), used instead where known.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
@@ -422,6 +426,7 @@ def replay(
             r.emit(EventKind.PREFILL_BEGIN, graph=graph, n_tokens=n_tokens)
         r.ex.graph_begin(graph)
         t_begin = device.now_ns()
+        r.graph_begin_ns[graph] = t_begin
         r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
 
     def ask(nd: Segment) -> None:
@@ -581,4 +586,5 @@ def _result(
         late_plans=r.ex.late_plans,
         mismatches=r.ex.mismatches,
         graph_us_median=statistics.median(r.graph_times_ns) / 1e3 if r.graph_times_ns else 0.0,
+        graph_begin_ns=dict(r.graph_begin_ns),
     )
