@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #define TI_TIMER_MAX (2 * TI_PLAN_MAX) /* a pending plan's TIME + the active plan's */
-#define TI_DEFER_CAP 4096u             /* callback events handed over, power of two */
+#define TI_DEFER_CAP 16384u            /* callback events handed over, power of two */
 #define TI_NO_DUE INT64_MAX
 
 struct ti_timer {
@@ -67,6 +67,7 @@ struct ti_exec {
 	uint32_t n_levels;
 	uint64_t levels_hz[TI_EXEC_MAX_LEVELS];
 	enum ti_actuator_kind actuator;
+	int64_t record_cost_ns;
 	int fd[2];
 	char values[2][TI_EXEC_MAX_LEVELS][TI_EXEC_VALUE_LEN];
 	size_t value_len[2][TI_EXEC_MAX_LEVELS];
@@ -181,6 +182,12 @@ static int ti_actuate(struct ti_exec *ex, int32_t level)
 
 	switch (ex->actuator) {
 	case TI_ACT_RECORD:
+		if (ex->record_cost_ns > 0) {
+			int64_t until = ti_clock_ns() + ex->record_cost_ns;
+
+			while (ti_clock_ns() < until)
+				;
+		}
 		return 0;
 	case TI_ACT_KMOD:
 		if (ioctl(ex->fd[0], TI_SET_FREQ, &req) != 0)
@@ -626,6 +633,8 @@ static bool ti_config_ok(const struct ti_exec_config *cfg)
 		return false;
 	if (cfg->initial_level < -1 || cfg->initial_level >= (int32_t)cfg->n_levels)
 		return false;
+	if (cfg->record_cost_ns < 0 || cfg->record_cost_ns > 1000000000)
+		return false;
 	for (i = 0; i < cfg->n_levels; i++) {
 		if (cfg->levels_hz[i] == 0 || (i > 0 && cfg->levels_hz[i] <= cfg->levels_hz[i - 1]))
 			return false;
@@ -698,6 +707,7 @@ TI_API int ti_exec_create(const struct ti_exec_config *cfg, struct ti_exec **out
 	memcpy(ex->levels_hz, cfg->levels_hz, sizeof(ex->levels_hz));
 	ex->actuator = (enum ti_actuator_kind)cfg->actuator;
 	ex->log_capacity = cfg->log_capacity;
+	ex->record_cost_ns = cfg->record_cost_ns;
 	ex->cur_level = cfg->initial_level;
 	ex->floor_level = cfg->initial_floor;
 	ex->ceiling_level = cfg->initial_ceiling;
@@ -1003,7 +1013,8 @@ static const struct ti_abi_field ti_abi_fields[] = {
 	TI_F(ti_applied, err),	     TI_F(ti_exec_config, n_levels),
 	TI_F(ti_exec_config, log_capacity), TI_F(ti_exec_config, actuator),
 	TI_F(ti_exec_config, initial_level), TI_F(ti_exec_config, initial_floor),
-	TI_F(ti_exec_config, initial_ceiling), TI_F(ti_exec_config, levels_hz),
+	TI_F(ti_exec_config, initial_ceiling), TI_F(ti_exec_config, record_cost_ns),
+	TI_F(ti_exec_config, levels_hz),
 	TI_F(ti_exec_config, path),  TI_F(ti_exec_config, values),
 	TI_F(ti_exec_status, applied), TI_F(ti_exec_status, skipped),
 	TI_F(ti_exec_status, mismatches), TI_F(ti_exec_status, late_plans),

@@ -90,6 +90,7 @@ struct ti_exec_config {
 	int32_t initial_level; /* level in effect at create; -1 = unknown */
 	int32_t initial_floor;   /* SYSFS_PAIR: level the floor file holds now */
 	int32_t initial_ceiling; /* SYSFS_PAIR: level the ceiling file holds now */
+	int64_t record_cost_ns;  /* RECORD: spin this long per switch (tests: a slow actuator) */
 	uint64_t levels_hz[TI_EXEC_MAX_LEVELS]; /* ascending */
 	char path[2][TI_EXEC_PATH_LEN];
 	char values[2][TI_EXEC_MAX_LEVELS][TI_EXEC_VALUE_LEN]; /* bytes written per level */

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class RecordActuator:
     """No device write: the executor only logs ``(t_ns, level)`` (simulated device,
-    tests)."""
+    tests). ``cost_ns`` > 0 makes each switch spin that long, standing in for a slow
+    actuator in tests and benchmarks (0 in production)."""
+
+    cost_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

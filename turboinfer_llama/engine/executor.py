@@ -77,6 +77,7 @@ class _Config(ctypes.Structure):
         ("initial_level", ctypes.c_int32),
         ("initial_floor", ctypes.c_int32),
         ("initial_ceiling", ctypes.c_int32),
+        ("record_cost_ns", ctypes.c_int64),
         ("levels_hz", ctypes.c_uint64 * MAX_LEVELS),
         ("path", (ctypes.c_char * PATH_LEN) * 2),
         ("values", ((ctypes.c_char * VALUE_LEN) * MAX_LEVELS) * 2),
@@ -217,6 +218,9 @@ def _config(
     tables: list[tuple[str, tuple[str, ...]]] = []
     if isinstance(actuator, RecordActuator):
         cfg.actuator = _ACT_RECORD
+        if not 0 <= actuator.cost_ns <= 1_000_000_000:
+            raise ValueError("RecordActuator.cost_ns must be 0..1 s")
+        cfg.record_cost_ns = actuator.cost_ns
     elif isinstance(actuator, KmodActuator):
         cfg.actuator = _ACT_KMOD
         _put(cfg.path[0], actuator.path, PATH_LEN, "path")
