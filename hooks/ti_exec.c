@@ -32,12 +32,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #define TI_TIMER_MAX (2 * TI_PLAN_MAX) /* a pending plan's TIME + the active plan's */
 #define TI_DEFER_CAP 16384u            /* callback events handed over, power of two */
 #define TI_NO_DUE INT64_MAX
+#define TI_SYSFS_MAGIC 0x62656572 /* linux/magic.h SYSFS_MAGIC */
 
 struct ti_timer {
 	int64_t due_ns;
@@ -69,6 +72,13 @@ struct ti_exec {
 	enum ti_actuator_kind actuator;
 	int64_t record_cost_ns;
 	int fd[2];
+	/*
+	 * A regular file outside sysfs (a fake tree in tests) keeps the tail of a longer
+	 * previous value after a pwrite at offset 0; there we truncate to the value's
+	 * length when it is shorter, so the file reads like the attribute. Guarded by mu.
+	 */
+	bool truncate[2];
+	off_t size[2];
 	char values[2][TI_EXEC_MAX_LEVELS][TI_EXEC_VALUE_LEN];
 	size_t value_len[2][TI_EXEC_MAX_LEVELS];
 	struct ti_applied *log;
@@ -171,7 +181,15 @@ static int ti_write_value(struct ti_exec *ex, int which, int32_t level)
 
 	if (n < 0)
 		return errno != 0 ? errno : EIO;
-	return (size_t)n == len ? 0 : EIO;
+	if ((size_t)n != len)
+		return EIO;
+	if (ex->truncate[which] && (off_t)len < ex->size[which]) {
+		if (ftruncate(ex->fd[which], (off_t)len) != 0)
+			return errno != 0 ? errno : EIO;
+	}
+	if (ex->truncate[which])
+		ex->size[which] = (off_t)len;
+	return 0;
 }
 
 /* 0 or an errno. SYSFS_PAIR never lets floor > ceiling exist between its writes. */
@@ -671,11 +689,24 @@ static int ti_open_files(struct ti_exec *ex, const struct ti_exec_config *cfg)
 		}
 	}
 	for (which = 0; which < n_files; which++) {
+		struct stat st;
+		struct statfs sfs;
+
 		ex->fd[which] = open(cfg->path[which], O_WRONLY | O_CLOEXEC);
 		if (ex->fd[which] < 0) {
 			err = -errno;
 			goto fail;
 		}
+		if (!sysfs)
+			continue;
+		if (fstat(ex->fd[which], &st) != 0 || fstatfs(ex->fd[which], &sfs) != 0) {
+			err = -errno;
+			close(ex->fd[which]);
+			ex->fd[which] = -1;
+			goto fail;
+		}
+		ex->truncate[which] = S_ISREG(st.st_mode) && sfs.f_type != TI_SYSFS_MAGIC;
+		ex->size[which] = st.st_size;
 	}
 	return 0;
 
