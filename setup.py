@@ -1,6 +1,6 @@
 """Packaging for turboinfer-llama.
 
-The C hook library in hooks/ is compiled into the package as a plain shared object
+The C hook library in hooks/ (eval callback and plan executor) is compiled into the package as a plain shared object
 (loaded with ctypes, it has no Python entry point). Where no compiler works, the
 build carries on without it and the package uses its pure-Python callback.
 """
@@ -40,9 +40,10 @@ class OptionalBuildExt(build_ext):
 
 hooks_ext = Extension(
     "turboinfer_llama._ti_hooks",
-    sources=["hooks/ti_hooks.c"],
-    depends=["hooks/ti_hooks.h"],
+    sources=["hooks/ti_hooks.c", "hooks/ti_exec.c"],
+    depends=["hooks/ti_hooks.h", "hooks/ti_exec.h", "kernel_module/turboinfer_uapi.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["pthread", "m"],
 )
 
 setup(

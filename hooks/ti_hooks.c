@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "ti_hooks.h"
+#include "ti_exec.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -55,6 +56,12 @@ struct ti_hook {
 
 	/* Set once by ti_hook_disable from any thread; checked first by the producer. */
 	_Atomic bool disabled;
+
+	/*
+	 * The plan executor fed with every ask and done, or NULL. Set between decodes by
+	 * ti_hook_set_executor (release), read by the producer (acquire).
+	 */
+	_Atomic(struct ti_exec *) exec;
 };
 
 static int64_t ti_now_ns(void)
@@ -151,6 +158,7 @@ static bool ti_wants_done(const struct ti_hook *h, const char *name)
 TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 {
 	struct ti_hook *h = user_data;
+	struct ti_exec *ex;
 	const char *name;
 	int64_t t_ns;
 	int32_t node;
@@ -162,14 +170,19 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 
 	t_ns = ti_now_ns();
 	name = h->api.get_name(tensor);
+	ex = atomic_load_explicit(&h->exec, memory_order_acquire);
 	if (!ask) {
 		ti_push(h, tensor, name, h->cur_node, TI_DONE, t_ns);
+		if (ex != NULL)
+			ti_exec_on_node(ex, h->cur_node, false, t_ns);
 		return true;
 	}
 	node = atomic_load_explicit(&h->next_node, memory_order_relaxed);
 	atomic_store_explicit(&h->next_node, node + 1, memory_order_relaxed);
 	h->cur_node = node;
 	ti_push(h, tensor, name, node, TI_ASK, t_ns);
+	if (ex != NULL)
+		ti_exec_on_node(ex, node, true, t_ns);
 	return ti_wants_done(h, name);
 }
 
@@ -216,6 +229,7 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	atomic_init(&h->graph, 0);
 	atomic_init(&h->next_node, 0);
 	atomic_init(&h->disabled, false);
+	atomic_init(&h->exec, NULL);
 	*out = h;
 	return 0;
 
@@ -242,7 +256,14 @@ TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h)
 	seq = atomic_load_explicit(&h->graph, memory_order_relaxed) + 1;
 	atomic_store_explicit(&h->graph, seq, memory_order_relaxed);
 	atomic_store_explicit(&h->next_node, 0, memory_order_relaxed);
+	ti_exec_graph_begin(atomic_load_explicit(&h->exec, memory_order_acquire), seq);
 	return seq;
+}
+
+TI_API void ti_hook_set_executor(struct ti_hook *h, struct ti_exec *ex)
+{
+	if (h != NULL)
+		atomic_store_explicit(&h->exec, ex, memory_order_release);
 }
 
 TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t max)

@@ -99,6 +99,14 @@ TI_API uint64_t ti_hook_overflow(const struct ti_hook *h);
 /* Makes the callback inert at once: no records, false on ask, true on done. */
 TI_API void ti_hook_disable(struct ti_hook *h);
 
+struct ti_exec;
+/*
+ * Feed a plan executor (hooks/ti_exec.h) from this hook: every ask and done goes to
+ * ti_exec_on_node, every begin_graph to ti_exec_graph_begin. NULL detaches. Call only
+ * between decodes; the executor must outlive the attachment.
+ */
+TI_API void ti_hook_set_executor(struct ti_hook *h, struct ti_exec *ex);
+
 /* ABI checks for the Python side. */
 TI_API size_t ti_record_size(void);
 TI_API size_t ti_config_size(void);

@@ -1,240 +1,360 @@
-"""The plan executor's semantics in Python, driven with explicit times.
+"""The plan executor of ``hooks/ti_exec.c`` as a pure-Python state machine.
 
-Replay drives it on virtual time, so a plan executes in replay exactly as the native
-executor (``hooks/ti_exec.c``) executes it inside ``llama_decode``; tests drive both
-with the same synthetic callbacks and compare their logs. The semantics are written
-once, in ``control/plan.py``; this module and the C code implement them.
+Why a model: replay must execute plans exactly as the native executor does, on virtual
+time, and the live path needs the same behaviour when the C library is not built. The
+model is driven by explicit calls with explicit times; it has no thread: the caller
+asks ``due(now)`` for the next timer deadline and calls ``advance(t)`` to fire what is
+due, where the native timer thread would have woken.
 
-Calls mirror the native API: ``graph_begin`` (before ``llama_decode``), ``on_node``
-(the eval callback's ask/done), ``graph_end`` (after ``llama_decode``), ``set_plan``,
-``switch_now``; ``next_due``/``advance`` stand for the timer thread.
+The rules are control/plan.py's, with these details shared with the C code:
+
+* Every entry point first fires the timer switches due at its time, then does its own
+  work, then fires what became due (so the order of switches depends only on the order
+  of the inputs). Timer switches fire earliest first, then in the order they were armed.
+* ``TIME`` switches are armed when their plan is set and stay armed until they fire or
+  their plan is dropped: replaced while pending, or superseded when a newer plan
+  becomes active. ``OFFSET`` switches (and ``NODE`` switches re-timed after a node-count
+  mismatch) are armed at the graph's first ask and dropped at its end.
+* A late plan's passed switches collapse to the last of them in the plan's order
+  (plans list switches chronologically); that switch is logged with source ``first``.
+* A pending plan for a graph that is already gone (``graph`` below the current
+  sequence) is discarded at the next graph's first ask. Graphs without a plan count as
+  late only once some plan has been set.
+* The feedback base is the plan's level in effect (the last planned switch), or the
+  level in effect when the plan set none.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from .plan import Anchor, Applied, Plan, Switch
 
-Actuate = Callable[[int, int], None]  # (t_ns, level)
+SOURCES = ("first", "node", "timer", "feedback", "end", "fallback", "now")
+"""Source names by the native ``enum ti_source`` code."""
+
+
+@dataclass(slots=True)
+class _Timer:
+    due_ns: int
+    expect_ns: int
+    seq: int
+    gen: int
+    level: int
+    graph_bound: bool
+
+
+@dataclass(slots=True)
+class _Slot:
+    plan: Plan
+    gen: int
+    nodes: list[Switch]  # NODE switches by key, stable
+
+
+@dataclass(slots=True)
+class ModelStatus:
+    """Mirrors ``struct ti_exec_status`` (without the native-only hand-over counters)."""
+
+    applied: int = 0
+    skipped: int = 0
+    mismatches: int = 0
+    late_plans: int = 0
+    plans_set: int = 0
+    failed_errno: int = 0
+    cur_level: int = -1
+    stopped: bool = False
 
 
 class ExecutorModel:
-    """See the module docstring. ``actuate(t_ns, level)`` is called for every applied
-    switch (replay sets the simulator's clock there)."""
+    """One executor over ``levels_hz`` (ascending). ``initial_level``: the level in
+    effect at creation (-1 unknown). ``log`` holds every applied switch, oldest first;
+    each is logged at the time of the call that fired it (a timer switch at its due
+    time). ``fail_at``: test hook, a callable ``level -> errno`` (0 = ok) standing in
+    for the actuator."""
 
-    def __init__(self, levels_hz: list[int], actuate: Actuate | None = None) -> None:
-        self.levels_hz = [int(h) for h in levels_hz]
-        self.top = len(self.levels_hz) - 1
-        self._actuate = actuate
+    def __init__(
+        self,
+        levels_hz: list[int] | tuple[int, ...],
+        *,
+        initial_level: int = -1,
+        fail_at: object | None = None,
+    ) -> None:
+        if not levels_hz or list(levels_hz) != sorted(set(levels_hz)):
+            raise ValueError("levels_hz must be ascending, distinct and non-empty")
+        if not -1 <= initial_level < len(levels_hz):
+            raise ValueError(f"initial_level {initial_level} outside -1..{len(levels_hz) - 1}")
+        self.levels_hz = tuple(int(h) for h in levels_hz)
+        self.status = ModelStatus(cur_level=initial_level)
         self.log: list[Applied] = []
-        self.level = -1  # in effect (as requested); -1 = never set
-        self.pending: Plan | None = None
-        self.active: Plan | None = None
-        self._last_plan: Plan | None = None
-        self.graph = 0
-        self._started = False  # the current graph's first ask was seen
-        self.t0 = 0
-        self._next_node = 0  # index into the active plan's NODE switches
-        self._node_sw: list[Switch] = []
-        self._offset_sw: list[tuple[int, Switch]] = []  # (due time, switch), ascending
-        self._time_sw: list[tuple[int, Switch]] = []
-        self._checks: list[Switch] = []
-        self._next_check = 0
-        self._floor = -1
+        self._actuate = fail_at
+        self._pending: _Slot | None = None
+        self._active: _Slot | None = None
+        self._act_gen = 0
+        self._last_fallback = -1
+        self._seq = 0
+        self._awaiting_first = True
+        self._in_graph = False
+        self._graph_active = False
         self._mismatched = False
-        self.mismatches = 0
-        self.late_plans = 0
-        self.applied = 0
-        self.failed = 0
+        self._t0 = 0
+        self._max_ask = -1
+        self._cursor = 0
+        self._fb_floor = -1
+        self._ref_expect = -1
+        self._planned = -1
+        self._timers: list[_Timer] = []
+        self._timer_seq = 0
 
-    # ---- applying ----------------------------------------------------------------------
-
-    def _apply(self, t_ns: int, level: int, source: str, node: int = -1) -> None:
-        if level < 0 or level == self.level:
-            return
-        level = min(level, self.top)
-        self.level = level
-        self.applied += 1
-        self.log.append(Applied(t_ns, level, self.levels_hz[level], 0, source, self.graph, node))
-        if self._actuate is not None:
-            self._actuate(t_ns, level)
-
-    def _floored(self, level: int) -> int:
-        return max(level, self._floor) if self._floor >= 0 else level
-
-    # ---- plans -------------------------------------------------------------------------
+    # ---- the native API ----------------------------------------------------------
 
     def set_plan(self, plan: Plan, t_ns: int) -> None:
-        """Store ``plan`` as pending (or adopt it at once when its graph already runs:
-        a late plan). Its TIME switches are armed now."""
-        self._time_sw = sorted(
-            ((s.key, s) for s in plan.switches if s.anchor is Anchor.TIME), key=lambda x: x[0]
+        self._check_plan(plan)
+        self._fire_due(t_ns)
+        st = self.status
+        st.plans_set += 1
+        slot = _Slot(
+            plan,
+            st.plans_set,
+            sorted((s for s in plan.switches if s.anchor == Anchor.NODE), key=lambda s: s.key),
         )
-        running = self._started and self.active is None and plan.graph in (0, self.graph)
-        if running:
-            self.late_plans += 1
-            self._activate(plan, self.t0, late_at=t_ns)
+        if self._in_graph and (
+            plan.graph == self._seq or (plan.graph == 0 and not self._graph_active)
+        ):
+            self._set_late(slot, t_ns)
         else:
-            self.pending = plan
-        self.advance(t_ns)
+            if self._pending is not None:
+                self._drop(self._pending.gen, graph_bound_only=False)
+            self._pending = slot
+            for sw in plan.switches:
+                if sw.anchor == Anchor.TIME:
+                    self._add(sw.key, sw.expect_ns, sw.level, slot.gen, graph_bound=False)
+        self._fire_due(t_ns)
 
-    def _activate(self, plan: Plan, t0: int, *, late_at: int | None = None) -> None:
-        self.active = plan
-        self._last_plan = plan
-        self.t0 = t0
-        self._floor = -1
-        self._mismatched = False
-        self._node_sw = sorted(
-            (s for s in plan.switches if s.anchor is Anchor.NODE and s.level >= 0),
-            key=lambda s: s.key,
-        )
-        self._checks = sorted(
-            (s for s in plan.switches if s.anchor is Anchor.NODE and s.level < 0),
-            key=lambda s: s.key,
-        )
-        self._next_node = self._next_check = 0
-        self._offset_sw = sorted(
-            ((t0 + s.key, s) for s in plan.switches if s.anchor is Anchor.OFFSET),
-            key=lambda x: x[0],
-        )
-        if late_at is None:
-            self._apply(t0, plan.first_level, "first")
-            return
-        # late: collapse what has passed into one switch, applied at once
-        passed = [(t, s.level) for t, s in self._offset_sw if t <= late_at]
-        self._offset_sw = [(t, s) for t, s in self._offset_sw if t > late_at]
-        seen = self._node_count
-        while self._next_node < len(self._node_sw) and self._node_sw[self._next_node].key < seen:
-            s = self._node_sw[self._next_node]
-            passed.append((t0 + max(s.expect_ns, 0), s.level))
-            self._next_node += 1
-        while self._next_check < len(self._checks) and self._checks[self._next_check].key < seen:
-            self._next_check += 1
-        level = max(passed)[1] if passed else plan.first_level
-        self._apply(late_at, level, "late")
-
-    # ---- engine callbacks ------------------------------------------------------------
-
-    def graph_begin(self, seq: int) -> None:
-        """Before ``llama_decode``: a new graph number; its first ask activates."""
-        self.graph = seq
-        self._started = False
-        self.active = None
-        self._node_count = 0
-
-    _node_count = 0
+    def graph_begin(self, graph_seq: int, t_ns: int = 0) -> None:
+        self._fire_due(t_ns)
+        if self._in_graph:
+            self._drop(0, graph_bound_only=True)
+            self._in_graph = False
+            self._graph_active = False
+            self._fb_floor = -1
+        self._seq = graph_seq
+        self._awaiting_first = True
 
     def on_node(self, ordinal: int, ask: bool, t_ns: int) -> None:
-        """The eval callback: ``ordinal`` counts asks since ``graph_begin`` from 0."""
-        self.advance(t_ns)
+        self._fire_due(t_ns)
         if ask:
-            self._node_count = ordinal + 1
-            if not self._started:
-                self._started = True
-                plan = self.pending
-                if plan is not None and plan.graph in (0, self.graph):
-                    self.pending = None
-                    self._activate(plan, t_ns)
+            if self._awaiting_first:
+                self._start_graph(t_ns)
+            self._max_ask = max(self._max_ask, ordinal)
+            slot = self._active
+            if self._graph_active and slot is not None:
+                p = slot.plan
+                if not self._mismatched and p.n_nodes > 0 and ordinal >= p.n_nodes:
+                    self._mismatch(slot)
                 else:
-                    fb = -1
-                    if self._last_plan is not None:
-                        self.late_plans += 1
-                        fb = self._last_plan.fallback_level
-                    self.t0 = t_ns
-                    self._apply(t_ns, fb, "fallback")
-            plan = self.active
-            if plan is None:
-                return
-            if plan.n_nodes and ordinal >= plan.n_nodes and not self._mismatched:
-                self._fall_back_to_time(t_ns)
-            if self._mismatched:
-                return
-            while (
-                self._next_node < len(self._node_sw)
-                and self._node_sw[self._next_node].key <= ordinal
-            ):
-                s = self._node_sw[self._next_node]
-                self._next_node += 1
-                self._apply(t_ns, self._floored(s.level), "node", ordinal)
-            return
-        self._feedback(ordinal, t_ns)
-
-    def _fall_back_to_time(self, t_ns: int) -> None:
-        """A graph with more nodes than planned: remaining NODE switches by time."""
-        self.mismatches += 1
-        self._mismatched = True
-        rest = self._node_sw[self._next_node :]
-        self._next_node = len(self._node_sw)
-        extra = [(self.t0 + s.expect_ns, s) for s in rest if s.expect_ns >= 0]
-        self._offset_sw = sorted(self._offset_sw + extra, key=lambda x: x[0])
-        self.advance(t_ns)
-
-    def _planned_level(self, ordinal: int) -> int:
-        lv = self.active.first_level if self.active else self.level
-        for s in self._node_sw:
-            if s.key > ordinal:
-                break
-            lv = s.level
-        return lv
-
-    def _feedback(self, ordinal: int, t_ns: int) -> None:
-        plan = self.active
-        if plan is None or plan.gain <= 0 or self._mismatched:
-            return
-        chk = None
-        while (
-            self._next_check < len(self._checks) and self._checks[self._next_check].key <= ordinal
-        ):
-            chk = self._checks[self._next_check]
-            self._next_check += 1
-        if chk is None:
-            return
-        err = (t_ns - self.t0) - chk.expect_ns - plan.margin_ns
-        if err <= 0:
-            return
-        planned = self._planned_level(ordinal)
-        new = min(self.top, planned + math.ceil(plan.gain * err / max(plan.predicted_ns, 1)))
-        if new > self.level:
-            self._floor = new
-            self._apply(t_ns, new, "feedback", ordinal)
+                    while self._cursor < len(slot.nodes) and not self.status.stopped:
+                        sw = slot.nodes[self._cursor]
+                        if sw.key > ordinal:
+                            break
+                        self._cursor += 1
+                        self._reach(sw.level, sw.expect_ns, slot.gen, "node", ordinal, t_ns)
+        elif self._graph_active and self._in_graph and self._active is not None:
+            self._feedback(self._active.plan, ordinal, t_ns)
+        self._fire_due(t_ns)
 
     def graph_end(self, t_ns: int) -> None:
-        """After ``llama_decode``: ``end_level``; NODE/OFFSET switches are dropped."""
-        self.advance(t_ns)
-        plan = self.active
-        if self._started and plan is not None:
-            if plan.n_nodes and self._node_count < plan.n_nodes:
-                self.mismatches += 1
-            if plan.end_level >= 0:
-                self._apply(t_ns, plan.end_level, "end")
-        self.active = None
-        self._offset_sw = []
-        self._node_sw = []
-        self._checks = []
-        self._floor = -1
-        self._started = False
+        self._fire_due(t_ns)
+        if self._in_graph:
+            self._in_graph = False
+            self._fb_floor = -1
+            if self._graph_active and self._active is not None:
+                p = self._active.plan
+                self._graph_active = False
+                if not self._mismatched and p.n_nodes > 0 and self._max_ask + 1 < p.n_nodes:
+                    self.status.mismatches += 1
+                self._drop(0, graph_bound_only=True)
+                self._apply(p.end_level, "end", -1, t_ns)
+        self._awaiting_first = True
+        self._fire_due(t_ns)
 
     def switch_now(self, level: int, t_ns: int) -> None:
-        self._apply(t_ns, level, "now")
+        if not 0 <= level < len(self.levels_hz):
+            raise ValueError(f"level {level} outside 0..{len(self.levels_hz) - 1}")
+        self._fire_due(t_ns)
+        self._apply(level, "now", -1, t_ns)
 
-    # ---- the timer thread --------------------------------------------------------------
-
-    def next_due(self) -> int | None:
-        """When the timer thread would next fire (virtual ns), or None."""
-        heads = [q[0][0] for q in (self._offset_sw, self._time_sw) if q]
-        return min(heads) if heads else None
+    def due(self, now_ns: int | None = None) -> int | None:
+        """The next timer deadline (ns), or None when nothing is armed or we stopped.
+        ``now_ns`` is accepted for symmetry and not needed."""
+        if self.status.stopped or not self._timers:
+            return None
+        return min(t.due_ns for t in self._timers)
 
     def advance(self, now_ns: int) -> None:
-        """Fire every OFFSET/TIME switch due at or before ``now_ns``, in time order."""
-        while True:
-            due = self.next_due()
-            if due is None or due > now_ns:
+        """Fire the timer switches due at or before ``now_ns`` (the timer thread)."""
+        self._fire_due(now_ns)
+
+    def stop(self) -> None:
+        self.status.stopped = True
+
+    # ---- internals (names follow hooks/ti_exec.c) ----------------------------------
+
+    def _check_plan(self, plan: Plan) -> None:
+        n = len(self.levels_hz)
+        if plan.gain < 0 or plan.predicted_ns < 0:
+            raise ValueError("gain and predicted_ns must be >= 0")
+        for lv in (plan.first_level, plan.end_level, plan.fallback_level):
+            if lv >= n:
+                raise ValueError(f"level {lv} outside the table of {n} levels")
+        for sw in plan.switches:
+            if sw.level >= n:
+                raise ValueError(f"switch level {sw.level} outside the table of {n} levels")
+            if sw.anchor != Anchor.TIME and sw.key < 0:
+                raise ValueError(f"{sw.anchor.name} switch with negative key {sw.key}")
+
+    def _apply(self, level: int, source: str, node: int, t_ns: int) -> None:
+        st = self.status
+        if st.stopped or level < 0:
+            return
+        if level == st.cur_level:
+            st.skipped += 1
+            return
+        err = int(self._actuate(level)) if callable(self._actuate) else 0
+        self.log.append(Applied(t_ns, level, self.levels_hz[level], 0, source, self._seq, node))
+        if err:
+            st.stopped = True
+            st.failed_errno = err
+            return
+        st.cur_level = level
+        st.applied += 1
+
+    def _add(self, due_ns: int, expect_ns: int, level: int, gen: int, *, graph_bound: bool) -> None:
+        self._timers.append(_Timer(due_ns, expect_ns, self._timer_seq, gen, level, graph_bound))
+        self._timer_seq += 1
+
+    def _drop(self, gen: int, *, graph_bound_only: bool) -> None:
+        self._timers = [
+            t
+            for t in self._timers
+            if not ((gen == 0 or t.gen == gen) and (not graph_bound_only or t.graph_bound))
+        ]
+
+    def _reach(
+        self, level: int, expect_ns: int, gen: int, source: str, node: int, t_ns: int
+    ) -> None:
+        mine = self._graph_active and gen == self._act_gen
+        if mine and expect_ns >= 0:
+            self._ref_expect = expect_ns
+        if level < 0:
+            return
+        if mine:
+            self._planned = level
+        self._apply(max(level, self._fb_floor), source, node, t_ns)
+
+    def _fire_due(self, now_ns: int) -> None:
+        while self._timers and not self.status.stopped:
+            t = min(self._timers, key=lambda x: (x.due_ns, x.seq))
+            if t.due_ns > now_ns:
                 return
-            if self._offset_sw and self._offset_sw[0][0] == due:
-                _, s = self._offset_sw.pop(0)
-                self._apply(due, self._floored(s.level), "timer")
-            else:
-                _, s = self._time_sw.pop(0)
-                self._apply(due, s.level, "timer")
+            self._timers.remove(t)
+            self._reach(t.level, t.expect_ns, t.gen, "timer", -1, t.due_ns)
+
+    def _mismatch(self, slot: _Slot) -> None:
+        self._mismatched = True
+        self.status.mismatches += 1
+        for sw in slot.nodes[self._cursor :]:
+            if sw.expect_ns >= 0:
+                self._add(
+                    self._t0 + sw.expect_ns, sw.expect_ns, sw.level, slot.gen, graph_bound=True
+                )
+        self._cursor = len(slot.nodes)
+
+    def _activate(self, slot: _Slot) -> None:
+        if self._active is not None and self._active.gen != slot.gen:
+            self._drop(self._active.gen, graph_bound_only=False)
+        self._active = slot
+        self._act_gen = slot.gen
+        self._graph_active = True
+        self._last_fallback = slot.plan.fallback_level
+        self._cursor = 0
+
+    def _arm_offsets(self, slot: _Slot, now_ns: int, *, late: bool) -> int:
+        """Arms OFFSET (and, when late, unpassed TIME) switches; returns the level the
+        passed switches collapse to (late), else the first level."""
+        collapsed = slot.plan.first_level
+        for sw in slot.plan.switches:
+            passed = False
+            if sw.anchor == Anchor.OFFSET:
+                passed = late and self._t0 + sw.key <= now_ns
+                if not passed:
+                    self._add(self._t0 + sw.key, sw.expect_ns, sw.level, slot.gen, graph_bound=True)
+            elif late and sw.anchor == Anchor.NODE:
+                passed = sw.key <= self._max_ask
+            elif late and sw.anchor == Anchor.TIME:
+                passed = sw.key <= now_ns
+                if not passed:
+                    self._add(sw.key, sw.expect_ns, sw.level, slot.gen, graph_bound=False)
+            if passed:
+                if sw.expect_ns >= 0:
+                    self._ref_expect = sw.expect_ns
+                if sw.level >= 0:
+                    collapsed = sw.level
+        if late:
+            while self._cursor < len(slot.nodes) and slot.nodes[self._cursor].key <= self._max_ask:
+                self._cursor += 1
+        return collapsed
+
+    def _start_graph(self, t_ns: int) -> None:
+        self._awaiting_first = False
+        self._in_graph = True
+        self._graph_active = False
+        self._mismatched = False
+        self._t0 = t_ns
+        self._max_ask = -1
+        self._fb_floor = -1
+        self._ref_expect = -1
+        self._planned = -1
+        self._cursor = 0
+        self._drop(0, graph_bound_only=True)
+        pending = self._pending
+        if pending is not None:
+            p = pending.plan
+            if p.graph in (0, self._seq):
+                self._pending = None
+                self._activate(pending)
+                self._arm_offsets(pending, t_ns, late=False)
+                self._planned = p.first_level
+                self._apply(p.first_level, "first", -1, t_ns)
+                return
+            if p.graph < self._seq:
+                self._drop(pending.gen, graph_bound_only=False)
+                self._pending = None
+        if self.status.plans_set > 0:
+            self.status.late_plans += 1
+        self._apply(self._last_fallback, "fallback", -1, t_ns)
+
+    def _set_late(self, slot: _Slot, t_ns: int) -> None:
+        self._activate(slot)
+        collapsed = self._arm_offsets(slot, t_ns, late=True)
+        self._planned = collapsed
+        if slot.plan.n_nodes > 0 and self._max_ask >= slot.plan.n_nodes:
+            self._mismatch(slot)
+        self._apply(collapsed, "first", -1, t_ns)
+
+    def _feedback(self, p: Plan, ordinal: int, t_ns: int) -> None:
+        err_ns = (t_ns - self._t0) - self._ref_expect - p.margin_ns
+        base = self._planned if self._planned >= 0 else self.status.cur_level
+        if not (p.gain > 0 and p.predicted_ns > 0 and self._ref_expect >= 0 and err_ns > 0):
+            return
+        if base < 0:
+            return
+        top = len(self.levels_hz) - 1
+        steps = math.ceil(p.gain * float(err_ns) / float(p.predicted_ns))
+        target = min(top, base + steps) if steps < top else top
+        if target > self.status.cur_level:
+            self._fb_floor = max(self._fb_floor, target)
+            self._apply(target, "feedback", ordinal, t_ns)
+
+
+__all__ = ["SOURCES", "ExecutorModel", "ModelStatus"]

@@ -124,7 +124,10 @@ def measure_round_trip_ns(gpu: KgslGpu | DevfreqGpu, samples: int) -> list[int]:
 
 
 class AdbGpu:
-    """``GpuDevice`` for a phone: the inner KGSL/devfreq backend over adb."""
+    """``GpuDevice`` for a phone: the inner KGSL/devfreq backend over adb.
+
+    It has no ``native_actuator``: a round trip is milliseconds, so it stays
+    token-level, driven from Python, never from the native plan executor."""
 
     def __init__(
         self,

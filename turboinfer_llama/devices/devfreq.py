@@ -27,6 +27,7 @@ from .base import (
     snap_hz,
 )
 from .guard import RestoreGuard
+from .native import NativeActuator, SysfsOneActuator, SysfsPairActuator, level_index
 from .sysfs_io import LocalSysfs, SysfsIO
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,32 @@ class DevfreqGpu:
             self.io.write(self._f("min_freq"), str(lo))
             self.io.write(self._f("max_freq"), str(hi))
         self._last_max_hz = hi
+
+    # ---- native plan executor ------------------------------------------------------
+
+    def native_actuator(self) -> NativeActuator:
+        """What ``set_hz`` writes for each level, for the native executor: the pinned
+        min/max pair in Hz, or ``userspace/set_freq`` when that governor is active.
+        Capped at the thermal cap known now. Local trees only."""
+        if not isinstance(self.io, LocalSysfs):
+            raise Unsupported(f"{self.name}: the native executor writes local files only")
+        root = self.io.root
+
+        def local(name: str) -> str:
+            return str(root / self._f(name).lstrip("/"))
+
+        values = tuple(str(self._capped(h)) for h in self._levels)
+        if self._userspace:
+            return SysfsOneActuator(local("userspace/set_freq"), values)
+        state = self.snapshot()
+        return SysfsPairActuator(
+            local("min_freq"),
+            local("max_freq"),
+            values,
+            values,
+            initial_floor=level_index(self._levels, state.min_hz),
+            initial_ceiling=level_index(self._levels, state.max_hz),
+        )
 
 
 def find_gpu_devfreq(io: SysfsIO) -> list[str]:

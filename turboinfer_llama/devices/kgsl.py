@@ -29,6 +29,7 @@ from .base import (
 )
 from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction
 from .guard import RestoreGuard
+from .native import NativeActuator, SysfsPairActuator, level_index
 from .sysfs_io import LocalSysfs, SysfsIO, translate_os_error
 
 log = logging.getLogger(__name__)
@@ -332,6 +333,26 @@ class KgslGpu:
             self.io.write(self._f("min_pwrlevel"), str(slow))
             self.io.write(self._f("max_pwrlevel"), str(fast))
         self._written = (fast, slow)
+
+    # ---- native plan executor ------------------------------------------------------
+
+    def native_actuator(self) -> NativeActuator:
+        """What ``set_hz`` writes for each level, for the native executor: the power
+        level number (0 = fastest) into ``min_pwrlevel`` (floor) and ``max_pwrlevel``
+        (ceiling). Capped at the thermal cap known now. Local trees only."""
+        if not isinstance(self.io, LocalSysfs):
+            raise Unsupported(f"{self.name}: the native executor writes local files only")
+        root = self.io.root
+        values = tuple(str(self.level_of(self._capped(h))) for h in self._levels)
+        state = self.snapshot()
+        return SysfsPairActuator(
+            str(root / self._f("min_pwrlevel").lstrip("/")),
+            str(root / self._f("max_pwrlevel").lstrip("/")),
+            values,
+            values,
+            initial_floor=level_index(self._levels, state.min_hz),
+            initial_ceiling=level_index(self._levels, state.max_hz),
+        )
 
 
 def _open_perf(root: str) -> PerfCounters | None:

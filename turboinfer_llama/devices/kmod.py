@@ -39,6 +39,7 @@ from .base import (
     Unsupported,
 )
 from .guard import RestoreGuard
+from .native import KmodActuator
 
 log = logging.getLogger(__name__)
 
@@ -474,6 +475,14 @@ class KmodDevice:
             self._fd = -1
             self._pinned = None
             self._sampling = False
+
+    # ---- native plan executor ------------------------------------------------------
+
+    def native_actuator(self) -> KmodActuator:
+        """TI_SET_FREQ on this device from the native executor's own fd (its QoS
+        request is dropped when the executor is destroyed). Don't pin from this object
+        meanwhile: the kernel would combine both requests."""
+        return KmodActuator(self.path)
 
 
 def _device_path(arg: str | None, root: str) -> str:

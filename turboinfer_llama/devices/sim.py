@@ -33,6 +33,7 @@ from .base import (
     InvalidFrequency,
     snap_hz,
 )
+from .native import RecordActuator
 
 log = logging.getLogger(__name__)
 
@@ -476,6 +477,11 @@ class SimGpu:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def native_actuator(self) -> RecordActuator:
+        """The native executor only records its switches: the simulator is driven from
+        the executor's log afterwards (simulated)."""
+        return RecordActuator()
 
     def kernel_ns(self, flops: float, bytes_: float, hz: int | None = None) -> float:
         """Predicted kernel time at ``hz`` (default: now) under the current contention."""

@@ -30,13 +30,16 @@ import os
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .._clock import now_ns
 from .events import Event, EventKind, NodeShape, layer_of
 from .ggml_mirror import GgmlApi, TensorLayout, TensorPrefix, load_ggml, tensor_layout
+
+if TYPE_CHECKING:
+    from .executor import NativeExecutor
 
 logger = logging.getLogger("turboinfer_llama")
 
@@ -311,6 +314,7 @@ class NativeHook:
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._buf_addr = self._buf.ctypes.data
         self._decoder = _Decoder(self._shape_from_key)
+        self._executor: NativeExecutor | None = None
         self.user_data: ctypes.c_void_p | None = ctypes.c_void_p(handle.value)
         self.cb_eval = _eval_callback_type()(ctypes.cast(lib.ti_hook_eval, ctypes.c_void_p).value)
 
@@ -387,6 +391,24 @@ class NativeHook:
             if self._handle is not None:
                 self._lib.ti_hook_disable(self._handle)
 
+    def attach_executor(self, executor: NativeExecutor | None) -> None:
+        """Feed ``executor`` (engine.executor) with every ask, done and begin_graph of
+        this callback, natively; None detaches. Only between decodes."""
+        from .executor import set_hook_executor
+
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            old = self._executor
+            if executor is not None and executor.handle is None:
+                raise HookError("executor is closed")
+            set_hook_executor(self._handle, executor.handle if executor else None)
+            self._executor = executor
+        if old is not None and old is not executor:
+            old._attached(self, False)
+        if executor is not None:
+            executor._attached(self, True)
+
     def close(self) -> None:
         with self._lock:
             if self._handle is None:
@@ -396,6 +418,9 @@ class NativeHook:
             self._lib.ti_hook_destroy(self._handle)
             self._handle = None
             self.user_data = ctypes.c_void_p(None)
+            if self._executor is not None:
+                self._executor._attached(self, False)
+                self._executor = None
 
 
 class PythonHook:
