@@ -12,7 +12,9 @@ milliseconds anyway: its switches are issued off the engine thread.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import os
 import threading
 from typing import Any, Protocol
 
@@ -44,7 +46,8 @@ class LiveExecutor(Protocol):
 
 class ThreadedExecutor:
     """:class:`ExecutorModel` on the real clock: a timer thread fires time-keyed
-    switches; ``actuate`` is the device's ``set_hz`` (or nothing: record only)."""
+    switches; the actuator is the device's ``set_hz`` (or nothing: record only). It
+    sees no node boundaries: a graph "starts" at ``graph_begin`` (DECODE_BEGIN)."""
 
     native = False
 
@@ -52,21 +55,29 @@ class ThreadedExecutor:
         self._device = device
         self._levels = list(levels_hz)
         self._lock = threading.Lock()  # guards the model, the log cursor and _error
-        self._model = ExecutorModel(self._levels, actuate=self._actuate)
+        init = -1
+        if device is not None:
+            try:
+                init = self._levels.index(device.current_hz())
+            except (ValueError, DeviceError, OSError):
+                init = -1
+        self._model = ExecutorModel(self._levels, initial_level=init, fail_at=self._actuate)
         self._seen = 0
         self._error: str | None = None
-        self._stopped = False
         self._wake = threading.Event()
+        self._stopped = False
         self._thread = threading.Thread(target=self._timer, name="turboinfer-executor", daemon=True)
         self._thread.start()
 
-    def _actuate(self, t_ns: int, level: int) -> None:
-        if self._stopped or self._error is not None or self._device is None:
-            return
+    def _actuate(self, level: int) -> int:
+        if self._device is None:
+            return 0
         try:
             self._device.set_hz(self._levels[level])
         except (DeviceError, OSError) as e:
             self._error = f"{type(e).__name__}: {e}"
+            return errno.EIO
+        return 0
 
     def attach(self, hook: Any) -> bool:
         return False
@@ -80,9 +91,9 @@ class ThreadedExecutor:
 
     def graph_begin(self, graph: int) -> None:
         with self._lock:
-            self._model.graph_begin(graph)
-            # no node events here: the graph "starts" now for its time-keyed switches
-            self._model.on_node(0, True, now_ns())
+            t = now_ns()
+            self._model.graph_begin(graph, t)
+            self._model.on_node(0, True, t)
         self._wake.set()
 
     def graph_end(self) -> None:
@@ -95,31 +106,34 @@ class ThreadedExecutor:
 
     def drain_log(self) -> list[Applied]:
         with self._lock:
-            new = self._model.log[self._seen :]
-            self._seen = len(self._model.log)
-            if self._seen > 4096:  # keep the model's log short
-                del self._model.log[: self._seen]
-                self._seen = 0
+            log_ = self._model.log
+            new = log_[self._seen :]
+            del log_[:]
+            self._seen = 0
             return new
 
     def error(self) -> str | None:
+        if self._error is None and self._model.status.failed_errno:
+            return os.strerror(self._model.status.failed_errno)
         return self._error
 
     def status(self) -> dict[str, Any]:
-        m = self._model
+        st = self._model.status
         return {
             "native": False,
-            "applied": m.applied,
-            "late_plans": m.late_plans,
-            "mismatches": m.mismatches,
-            "error": self._error,
+            "applied": st.applied,
+            "late_plans": st.late_plans,
+            "mismatches": st.mismatches,
+            "failed_errno": st.failed_errno,
         }
 
     def _timer(self) -> None:
-        while not self._stopped:
+        while True:
             with self._lock:
+                if self._stopped:
+                    return
                 self._model.advance(now_ns())
-                due = self._model.next_due()
+                due = self._model.due()
                 self._wake.clear()
             timeout = None if due is None else max(0.0, (due - now_ns()) / 1e9)
             self._wake.wait(timeout)
@@ -128,6 +142,7 @@ class ThreadedExecutor:
         """Join the timer thread; no switch is applied afterwards."""
         with self._lock:
             self._stopped = True
+            self._model.stop()
         self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
@@ -136,17 +151,88 @@ class ThreadedExecutor:
         self.stop()
 
 
+class NativeLiveExecutor:
+    """The native executor (``engine.executor``) behind the live loop's interface."""
+
+    native = True
+
+    def __init__(self, ex: Any) -> None:
+        self._ex = ex
+        self._attached = False
+
+    def attach(self, hook: Any) -> bool:
+        from ..engine.hooks import NativeHook
+
+        if not isinstance(hook, NativeHook):
+            return False
+        self._ex.attach(hook)
+        self._attached = True
+        return True
+
+    def set_plan(self, plan: Plan) -> None:
+        if not self._attached:
+            plan = dataclasses.replace(plan, n_nodes=0)
+        self._ex.set_plan(plan)
+
+    def graph_begin(self, graph: int) -> None:
+        if not self._attached:  # an attached hook's begin_graph does it natively
+            self._ex.graph_begin(graph)
+            self._ex.on_node(0, True, now_ns())
+
+    def graph_end(self) -> None:
+        self._ex.graph_end()
+
+    def switch_now(self, level: int) -> None:
+        self._ex.switch_now(level)
+
+    def drain_log(self) -> list[Applied]:
+        return list(self._ex.drain_log())
+
+    def error(self) -> str | None:
+        code = self._ex.status().get("failed_errno", 0)
+        return f"{os.strerror(code)} (errno {code})" if code else None
+
+    def status(self) -> dict[str, Any]:
+        return {"native": True, **self._ex.status()}
+
+    def stop(self) -> None:
+        self._ex.stop()
+
+    def close(self) -> None:
+        self._ex.close()
+
+
+def _native_for(device: GpuDevice, levels_hz: list[int], record_only: bool) -> Any:
+    try:
+        from ..devices.native import RecordActuator
+        from ..engine.executor import ExecutorError, NativeExecutor
+    except ImportError:
+        return None
+    get = getattr(device, "native_actuator", None)
+    if get is None and not record_only:
+        return None
+    try:
+        actuator = RecordActuator() if record_only else get()
+    except (DeviceError, OSError) as e:
+        log.info("%s: no native actuator (%s); Python executor", getattr(device, "name", "?"), e)
+        return None
+    try:
+        init = levels_hz.index(device.current_hz())
+    except (ValueError, DeviceError, OSError):
+        init = -1
+    try:
+        return NativeLiveExecutor(NativeExecutor(levels_hz, actuator, initial_level=init))
+    except ExecutorError as e:
+        log.info("native executor unavailable (%s); Python executor", e)
+        return None
+
+
 def make_executor(
     device: GpuDevice, levels_hz: list[int], *, record_only: bool, native: bool = True
 ) -> LiveExecutor:
     """The native executor with the device's actuator when both exist, else Python."""
     if native:
-        try:
-            from ..engine.executor import native_executor_for
-        except ImportError:
-            native_executor_for = None  # type: ignore[assignment]
-        if native_executor_for is not None:
-            ex = native_executor_for(device, levels_hz, record_only=record_only)
-            if ex is not None:
-                return ex  # type: ignore[no-any-return]
+        ex = _native_for(device, levels_hz, record_only)
+        if ex is not None:
+            return ex  # type: ignore[no-any-return]
     return ThreadedExecutor(None if record_only else device, levels_hz)

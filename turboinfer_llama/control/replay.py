@@ -122,14 +122,18 @@ class _Runner:
         self.on_applied = getattr(controller, "on_applied", None)
         self.node_events = bool(getattr(controller, "offline", False))
         self.levels = sorted(int(h) for h in device.frequencies_hz())
-        self.ex = ExecutorModel(self.levels, actuate=self._actuate)
+        cur = device.current_hz()
+        init = self.levels.index(cur) if cur in self.levels else -1
+        self.ex = ExecutorModel(self.levels, initial_level=init, fail_at=self._actuate)
         self.graph_q: list[tuple[int, int, GraphBatch]] = []  # (due, seq, batch)
         self._log_seen = 0
         self.plans = 0
         self.graph_begin_ns: dict[int, int] = {}
 
-    def _actuate(self, t_ns: int, level: int) -> None:
+    def _actuate(self, level: int) -> int:
+        """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
         self.dev.set_hz(self.levels[level])
+        return 0
 
     # -- controller calls, timed --
     def _result(self, res: Any, now: int) -> None:
@@ -213,7 +217,7 @@ class _Runner:
 
     def next_due(self) -> int | None:
         heads = [q[0][0] for q in (self.event_q, self.plan_q, self.graph_q) if q]
-        ex = self.ex.next_due()
+        ex = self.ex.due()
         if ex is not None:
             heads.append(ex)
         return min(heads) if heads else None
@@ -424,7 +428,7 @@ def replay(
         if seg.phase == "prefill":
             prefill_open = True
             r.emit(EventKind.PREFILL_BEGIN, graph=graph, n_tokens=n_tokens)
-        r.ex.graph_begin(graph)
+        r.ex.graph_begin(graph, device.now_ns())
         t_begin = device.now_ns()
         r.graph_begin_ns[graph] = t_begin
         r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
@@ -583,8 +587,8 @@ def _result(
         granularity=gran,
         applied=tuple(r.ex.log),
         plans=r.plans,
-        late_plans=r.ex.late_plans,
-        mismatches=r.ex.mismatches,
+        late_plans=r.ex.status.late_plans,
+        mismatches=r.ex.status.mismatches,
         graph_us_median=statistics.median(r.graph_times_ns) / 1e3 if r.graph_times_ns else 0.0,
         graph_begin_ns=dict(r.graph_begin_ns),
     )

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import math
 
 import numpy as np
 
@@ -338,6 +337,22 @@ class TubeMPC:
         cand = np.where(ok, tpl.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
 
+    def _checkpoints(self, tpl: PhaseTemplate, ends: np.ndarray) -> list[Switch]:
+        """Feedback checkpoints, one per block the callback observes the end of (a layer,
+        ending at its ``l_out`` node; else a plan block): reached at the block's first
+        ask, they carry the nominal elapsed time at the block's *last* completion, so
+        the executor's comparison at earlier completions inside the block can only
+        under-estimate the delay (no false raise), and is exact at the block's end."""
+        last = np.nonzero(tpl.layer_out)[0]
+        if len(last) == 0:
+            last = tpl.edges[1:] - 1
+        out: list[Switch] = []
+        first = 0
+        for i in last[:96]:
+            out.append(Switch(Anchor.NODE, int(first), -1, int(ends[i])))
+            first = int(i) + 1
+        return out
+
     def _plan_next(self, t_now: int) -> Plan:
         """The plan for the graph after the stall that starts at ``t_now``."""
         self.solves += 1
@@ -397,16 +412,11 @@ class TubeMPC:
             t_edge = float(starts[tpl.edges[j]])
             if node_keyed:
                 key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
-                sw.append(Switch(Anchor.NODE, key, int(blocks[j]), int(starts[key])))
+                sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
             else:
                 sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
-        if node_keyed:  # checkpoints for the executor's feedback
-            if self.granularity == "layer":
-                marks = np.nonzero(tpl.layer_out)[0]
-            else:
-                marks = tpl.edges[1:-1] - 1
-            for i in marks[:96]:
-                sw.append(Switch(Anchor.NODE, int(i), -1, int(ends[i])))
+        if node_keyed:
+            sw.extend(self._checkpoints(tpl, ends))
         if droppable:  # drop before the stall that follows the graph; raise before it
             sw.append(Switch(Anchor.OFFSET, max(0, int(predicted) - s_ns), 0))
             sw.append(Switch(Anchor.TIME, t_now + int(d_lo) - s_ns, first))
@@ -422,11 +432,3 @@ class TubeMPC:
             gain=self.gain if node_keyed else 0.0,
             switches=tuple(sw),
         )
-
-
-def feedback_level(planned: int, top: int, err_ns: float, predicted_ns: float, gain: float) -> int:
-    """The executor's ancillary feedback rule (documented here, run in C and in
-    ``executor_model``): raise by ``ceil(gain * err / predicted)`` levels."""
-    if err_ns <= 0 or gain <= 0:
-        return planned
-    return min(top, planned + math.ceil(gain * err_ns / max(predicted_ns, 1.0)))
