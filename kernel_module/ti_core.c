@@ -867,7 +867,14 @@ static bool ti_name_matches(const char *pattern, const char *name)
 	       (name[nl - pl - 1] == '.' || name[nl - pl - 1] == ',');
 }
 
-static int ti_is_target_devfreq(struct device *dev, void *pattern)
+/* device_find_child() passes its match data as const from 6.14. */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 14, 0)
+typedef const void ti_match_data;
+#else
+typedef void ti_match_data;
+#endif
+
+static int ti_is_target_devfreq(struct device *dev, ti_match_data *pattern)
 {
 	return dev->class && !strcmp(dev->class->name, "devfreq") &&
 	       ti_name_matches(pattern, dev_name(dev));
