@@ -890,11 +890,11 @@ static void ti_fuzz(int fd)
 
 	rdonly = open(TI_DEV, O_RDONLY);
 	buf = mmap(NULL, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buf == MAP_FAILED || rdonly < 0) {
-		ti_check(0, "ioctl_fuzz", "mmap or open: %s", strerror(errno));
+	/* the second page becomes a hole */
+	if (buf == MAP_FAILED || rdonly < 0 || munmap(buf + page, page)) {
+		ti_check(0, "ioctl_fuzz", "mmap, munmap or open: %s", strerror(errno));
 		return;
 	}
-	munmap(buf + page, page); /* the second page is now a hole */
 	edge = buf + page - 16;   /* a struct that runs into the hole */
 	ro = buf + 2 * page;
 	for (i = 0; i < TI_FUZZ_ROUNDS; i++) {
@@ -983,12 +983,14 @@ static void ti_fuzz(int fd)
 				 cmd, arg, acc, on_rdonly, ret, want);
 		if (i % 512 == 0) { /* reads with a kernel buffer: never written */
 			int flags = fcntl(fd, F_GETFL);
-			ssize_t n;
+			ssize_t n = -1;
 
-			fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-			n = read(fd, (void *)0xffffffff81000000UL, 4096);
+			errno = EBADF;
+			if (flags >= 0 && !fcntl(fd, F_SETFL, flags | O_NONBLOCK))
+				n = read(fd, (void *)0xffffffff81000000UL, 4096);
 			ret = n < 0 ? -errno : (int)n;
-			fcntl(fd, F_SETFL, flags);
+			if (flags < 0 || fcntl(fd, F_SETFL, flags))
+				ret = -EPROTO;
 			t.reads++;
 			if (ret != 0 && ret != -EFAULT && ret != -EAGAIN && !t.mismatches++)
 				snprintf(t.first, sizeof(t.first), "read into kernel memory: %d", ret);
@@ -997,9 +999,10 @@ static void ti_fuzz(int fd)
 	/* a fuzzed TI_SAMPLE_CONFIG may have started the sampler */
 	ti_ioc(fd, TI_SAMPLE_CONFIG, &(struct ti_sample_config){ 0 });
 	ti_ioc(fd, TI_RELEASE, NULL);
-	munmap(buf, page);
-	munmap(ro, page);
-	close(rdonly);
+	if (munmap(buf, page) || munmap(ro, page) || close(rdonly)) {
+		t.mismatches++;
+		snprintf(t.first, sizeof(t.first), "cleanup: %s", strerror(errno));
+	}
 	printf("TI-FUZZ ioctls=%d reads=%d mismatches=%d ok=%d efault=%d enotty=%d einval=%d "
 	       "other=%d ok_get_info=%d ok_set_freq=%d ok_set_range=%d ok_release=%d "
 	       "ok_get_stats=%d ok_sample_config=%d\n",
@@ -1203,14 +1206,16 @@ static int ti_opener_spawn(struct ti_opener *o, const struct ti_gpu *g, int pare
 	return rep.ret;
 }
 
-/* Wait for a dead opener (exited or killed) and drop its pipes. */
-static void ti_opener_reap(struct ti_opener *o)
+/* Wait for a dead opener (exited or killed) and drop its pipes. 0 or -errno. */
+static int ti_opener_reap(struct ti_opener *o)
 {
+	int ret = waitpid(o->pid, NULL, 0) == o->pid ? 0 : -errno;
+
 	close(o->to_fd);
 	close(o->from_fd);
-	waitpid(o->pid, NULL, 0);
 	o->pid = -1;
 	o->pinned = 0;
+	return ret;
 }
 
 static int ti_opener_send(struct ti_opener *o, const struct ti_op *op)
@@ -1336,7 +1341,7 @@ static int ti_conc_step(struct ti_conc_tally *t, const struct ti_gpu *g, struct 
 			ret = kill(c->pid, SIGKILL) ? -errno : 0;
 			t->kills++;
 		}
-		ti_opener_reap(c);
+		ret = ret ? ret : ti_opener_reap(c);
 		if (!ret) /* the dead one's requests must be gone before it is replaced */
 			ti_conc_compare(t, g, o, fd, what, NULL);
 		ret = ret ? ret : ti_opener_spawn(c, g, fd);
@@ -1391,8 +1396,8 @@ static int ti_conc_stress(struct ti_conc_tally *t, const struct ti_gpu *g, struc
 		ret = ret ? ret : r;
 	}
 	if (victim >= 0) {
-		ti_opener_reap(&o[victim]);
-		r = ti_opener_spawn(&o[victim], g, fd);
+		r = ti_opener_reap(&o[victim]);
+		r = r ? r : ti_opener_spawn(&o[victim], g, fd);
 		ret = ret ? ret : r;
 	}
 	if (!ret)
@@ -1421,10 +1426,12 @@ static void ti_check_concurrent(int fd, const struct ti_gpu *g, const char *phas
 	for (i = 0; i < TI_STRESS_ROUNDS && !ret; i++)
 		ret = ti_conc_stress(&t, g, o, fd);
 	for (i = 0; i < spawned; i++) {
-		if (o[i].pid > 0 && ti_opener_send(&o[i], &op))
-			kill(o[i].pid, SIGKILL);
-		if (o[i].pid > 0)
-			ti_opener_reap(&o[i]);
+		if (o[i].pid <= 0)
+			continue;
+		if (ti_opener_send(&o[i], &op) && kill(o[i].pid, SIGKILL) && !ret)
+			ret = -errno;
+		if (ti_opener_reap(&o[i]) && !ret)
+			ret = -ECHILD;
 	}
 	after = ti_wait_freq(g->governor_wants_top ? g->levels[g->n - 1] : g->levels[0]);
 	printf("TI-CONCURRENT phase=%s processes=%d steps=%d stress_rounds=%d checks=%d "
