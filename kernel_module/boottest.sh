@@ -9,12 +9,15 @@
 # (qemu exits 0 even when the guest fails). Exit 0 only on "TURBOINFER-BOOTTEST: PASS"
 # and a complete guest kernel log free of oops, WARN and BUG reports.
 #
-# Environment: TI_BOOT_TIMEOUT (seconds, default 300). Everything fetched or built
+# Environment: TI_BOOT_TIMEOUT (seconds, default 300); TI_FUZZ_SEED (a nonzero
+# 32-bit number, default random) seeds the in-guest fuzz and concurrency checks, so a
+# failing run can be replayed. Everything fetched or built
 # lands in kernel_module/.work/. Needs the packages of install-deps.sh.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 work=$here/.work
 timeout_s=${TI_BOOT_TIMEOUT:-300}
+seed=${TI_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' \n')}
 
 for tool in qemu-system-x86_64 busybox cpio gzip gcc dpkg-deb apt-get; do
 	if ! command -v "$tool" >/dev/null 2>&1; then
@@ -111,13 +114,13 @@ chmod 755 "$boot/initramfs/init"
 (cd "$boot/initramfs" && find . | cpio -o -H newc --quiet | gzip -1) >"$boot/initrd.cpio.gz"
 
 log=$boot/console.log
-echo "boottest: booting under qemu TCG (timeout ${timeout_s}s), console in $log"
+echo "boottest: booting under qemu TCG (timeout ${timeout_s}s, TI_FUZZ_SEED=$seed), console in $log"
 rc=0
 timeout "$timeout_s" qemu-system-x86_64 -accel tcg -nographic -no-reboot -m 512 \
 	-kernel "$vmlinuz" -initrd "$boot/initrd.cpio.gz" \
-	-append 'console=ttyS0 panic=-1 quiet loglevel=4' </dev/null >"$log" 2>&1 || rc=$?
+	-append "console=ttyS0 panic=-1 quiet loglevel=4 ti_seed=$seed" </dev/null >"$log" 2>&1 || rc=$?
 tr -d '\r' <"$log" |
-	grep -E '^(TI-CHECK FAIL|TI-TIMING|TI-RUN|TI-ATTACH|TI-FUZZ|TI-CONCURRENT|TI-RMMOD|TURBOINFER-BOOTTEST)' ||
+	grep -E '^(TI-CHECK FAIL|TI-SEED|TI-TIMING|TI-RUN|TI-ATTACH|TI-FUZZ|TI-CONCURRENT|TI-RMMOD|TURBOINFER-BOOTTEST)' ||
 	true
 if [ "$rc" -eq 124 ]; then
 	echo "boottest: qemu timed out after ${timeout_s}s" >&2

@@ -634,7 +634,26 @@ static void ti_check_sampler(int fd)
 	ti_ioc(fd, TI_RELEASE, NULL);
 }
 
+/*
+ * The random stream of the fuzz and the concurrency checks. boottest.sh passes a
+ * fresh seed as ti_seed= on the kernel command line (the kernel hands it to /init's
+ * environment); TI_FUZZ_SEED=<seed> there replays a run.
+ */
 static uint32_t ti_rng = 0x12345678;
+
+static void ti_seed_from_env(void)
+{
+	const char *s = getenv("ti_seed");
+	unsigned long v;
+	char *end;
+
+	if (!s || !*s)
+		return;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (!errno && !*end && (uint32_t)v)
+		ti_rng = (uint32_t)v;
+}
 
 static uint32_t ti_rand(void)
 {
@@ -1553,6 +1572,7 @@ static int ti_run(void)
 {
 	int fd = open(TI_DEV, O_RDWR);
 
+	printf("TI-SEED ti_seed=%u\n", ti_rng);
 	ti_check(fd >= 0, "open_dev", "%s", strerror(errno));
 	if (fd < 0)
 		return 1;
@@ -1675,6 +1695,7 @@ static int ti_post(int nphases, char **phases)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	ti_seed_from_env();
 	if (argc == 2 && !strcmp(argv[1], "run"))
 		return ti_run();
 	if (argc == 2 && !strcmp(argv[1], "attach"))
