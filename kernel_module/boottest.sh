@@ -4,16 +4,20 @@
 # linux-headers-amd64, fetch the matching linux-image (apt-get download, unpacked
 # with dpkg-deb -x, never installed), pack a busybox-static initramfs that loads
 # simple_ondemand and turboinfer.ko virtual=1, runs test/ti_boottest, then attaches
-# turboinfer.ko target=mali to the stand-in GPU driver test/ti_fakegpu.ko, powers off,
-# boot it under qemu TCG with a timeout, and grep the verdict (qemu exits 0 even
-# when the guest fails). Exit 0 only on "TURBOINFER-BOOTTEST: PASS".
+# turboinfer.ko target=mali to the stand-in GPU driver test/ti_fakegpu.ko, prints its
+# kernel log, powers off; boot it under qemu TCG with a timeout, and grep the verdict
+# (qemu exits 0 even when the guest fails). Exit 0 only on "TURBOINFER-BOOTTEST: PASS"
+# and a complete guest kernel log free of oops, WARN and BUG reports.
 #
-# Environment: TI_BOOT_TIMEOUT (seconds, default 300). Everything fetched or built
+# Environment: TI_BOOT_TIMEOUT (seconds, default 300); TI_FUZZ_SEED (a nonzero
+# 32-bit number, default random) seeds the in-guest fuzz and concurrency checks, so a
+# failing run can be replayed. Everything fetched or built
 # lands in kernel_module/.work/. Needs the packages of install-deps.sh.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 work=$here/.work
 timeout_s=${TI_BOOT_TIMEOUT:-300}
+seed=${TI_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' \n')}
 
 for tool in qemu-system-x86_64 busybox cpio gzip gcc dpkg-deb apt-get; do
 	if ! command -v "$tool" >/dev/null 2>&1; then
@@ -76,13 +80,31 @@ case $gov in
 	;;
 esac
 
-# Initramfs: busybox, the two modules, the static test program, /init.
+# Initramfs: busybox, the two modules, the guest programs, /init.
 boot=$work/boot
 rm -rf "$boot/initramfs"
 mkdir -p "$boot/initramfs/bin" "$boot/initramfs/proc" "$boot/initramfs/sys" \
 	"$boot/initramfs/dev"
-gcc -static -O2 -Wall -Wextra -Werror -o "$boot/initramfs/ti_boottest" \
-	"$here/test/ti_boottest.c"
+
+# guest_program NAME SOURCE... [-- GCC FLAGS...]: build a static program from sources
+# (paths relative to kernel_module/) into the initramfs as /NAME.
+guest_program() {
+	name=$1
+	shift
+	srcs=""
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do
+		srcs="$srcs $here/$1"
+		shift
+	done
+	[ $# -gt 0 ] && shift # the --
+	# shellcheck disable=SC2086
+	gcc -static -O2 -Wall -Wextra -Werror -o "$boot/initramfs/$name" $srcs "$@"
+}
+
+# The programs the guest runs; test/init.sh runs each as a phase. To add one: a line
+# here, and a phase in test/init.sh that passes NAME=RC to `ti_boottest post`.
+guest_program ti_boottest test/ti_boottest.c
+
 cp "$(command -v busybox)" "$boot/initramfs/bin/busybox"
 cp "$gov" "$boot/initramfs/governor_simpleondemand.ko"
 cp "$ko" "$boot/initramfs/turboinfer.ko"
@@ -92,16 +114,35 @@ chmod 755 "$boot/initramfs/init"
 (cd "$boot/initramfs" && find . | cpio -o -H newc --quiet | gzip -1) >"$boot/initrd.cpio.gz"
 
 log=$boot/console.log
-echo "boottest: booting under qemu TCG (timeout ${timeout_s}s), console in $log"
+echo "boottest: booting under qemu TCG (timeout ${timeout_s}s, TI_FUZZ_SEED=$seed), console in $log"
 rc=0
 timeout "$timeout_s" qemu-system-x86_64 -accel tcg -nographic -no-reboot -m 512 \
 	-kernel "$vmlinuz" -initrd "$boot/initrd.cpio.gz" \
-	-append 'console=ttyS0 panic=-1 quiet loglevel=4' </dev/null >"$log" 2>&1 || rc=$?
-tr -d '\r' <"$log" | grep -E '^(TI-CHECK FAIL|TI-TIMING|TI-RUN|TI-ATTACH|TURBOINFER-BOOTTEST)' || true
+	-append "console=ttyS0 panic=-1 quiet loglevel=4 ti_seed=$seed" </dev/null >"$log" 2>&1 || rc=$?
+tr -d '\r' <"$log" |
+	grep -E '^(TI-CHECK FAIL|TI-SEED|TI-TIMING|TI-RUN|TI-ATTACH|TI-FUZZ|TI-CONCURRENT|TI-RMMOD|TURBOINFER-BOOTTEST)' ||
+	true
 if [ "$rc" -eq 124 ]; then
 	echo "boottest: qemu timed out after ${timeout_s}s" >&2
 fi
-if tr -d '\r' <"$log" | grep -q '^TURBOINFER-BOOTTEST: PASS$'; then
+
+# The guest's kernel log, printed by /init after the verdict: it must be there, whole,
+# and free of oops, WARN, BUG, lockdep, KASAN, UBSAN, hung-task and RCU stall reports
+# (the list of ti_dmesg_clean() in test/ti_boottest.c).
+dmesg_log=$boot/dmesg.log
+tr -d '\r' <"$log" | sed -n 's/^TI-DMESG //p' >"$dmesg_log"
+bad_re='Oops|WARNING:|BUG:|kernel BUG|cut here|Call Trace|general protection|possible recursive locking|circular locking|Kernel panic|refcount_t:|list_add corruption|list_del corruption|UBSAN:|KASAN:|blocked for more than|rcu: INFO:|self-detected stall'
+dmesg_lines=$(wc -l <"$dmesg_log")
+dmesg_bad=$(grep -cE "$bad_re" "$dmesg_log" || true)
+dmesg_ok=0
+if tr -d '\r' <"$log" | grep -q '^TI-DMESG-END$' && [ "$dmesg_lines" -gt 0 ] &&
+	[ "$dmesg_bad" -eq 0 ]; then
+	dmesg_ok=1
+fi
+echo "TI-DMESG lines=$dmesg_lines bad=$dmesg_bad complete=$dmesg_ok (guest kernel log in $dmesg_log)"
+grep -E "$bad_re" "$dmesg_log" | head -n 20 >&2 || true
+
+if [ "$dmesg_ok" -eq 1 ] && tr -d '\r' <"$log" | grep -q '^TURBOINFER-BOOTTEST: PASS$'; then
 	exit 0
 fi
 echo "boottest: FAIL; last console lines:" >&2

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: GPL-2.0
 # /init of the boot-test initramfs (boottest.sh): load simple_ondemand and
 # turboinfer.ko virtual=1, run the checks, rmmod; then attach turboinfer.ko to the
-# stand-in GPU driver ti_fakegpu.ko by name; print the verdict, power off.
+# stand-in GPU driver ti_fakegpu.ko by name; print the verdict and the kernel log,
+# power off.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -37,5 +38,12 @@ if check insmod_rejects_unknown_target sh -c '! insmod /turboinfer.ko target=no-
 fi
 check rmmod_fakegpu rmmod ti_fakegpu || attach_rc=1
 
-/ti_boottest post "$run_rc" "$rmmod_rc" "$attach_rc"
+# Every phase as NAME=RC; a new guest program (boottest.sh: guest_program) adds its
+# own phase above and its NAME=RC here.
+/ti_boottest post run="$run_rc" rmmod="$rmmod_rc" attach="$attach_rc"
+
+# The guest's whole kernel log, for boottest.sh to keep and grep (an oops, WARN or
+# BUG fails the verdict there too).
+dmesg | sed 's/^/TI-DMESG /'
+echo TI-DMESG-END
 poweroff -f

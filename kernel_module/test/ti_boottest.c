@@ -6,9 +6,9 @@
  *                                    lines and the timing line; exits 1 on failure
  *   ti_boottest attach               turboinfer.ko target=mali on ti_fakegpu.ko: the
  *                                    attach path of a real GPU driver's devfreq
- *   ti_boottest post RUN_RC RMMOD_RC ATTACH_RC
- *                                    after rmmod: checks it left nothing behind and
- *                                    a clean kernel log; prints the verdict line
+ *   ti_boottest post NAME=RC...      after rmmod: each phase /init ran exited 0,
+ *                                    rmmod left nothing behind, the kernel log is
+ *                                    clean; prints the verdict line
  *
  * Built static, so the initramfs needs nothing but busybox.
  */
@@ -26,6 +26,7 @@
 #include <sys/ioctl.h>
 #include <sys/klog.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,7 +36,7 @@
 #define TI_DEV "/dev/turboinfer"
 #define TI_DF "/sys/class/devfreq/turboinfer-vgpu"
 #define TI_TIMING_ROUNDS 200
-#define TI_FUZZ_ROUNDS 4000
+#define TI_FUZZ_ROUNDS 10000
 
 static const uint64_t ti_levels[] = {
 	305000000, 400000000, 441600000, 490000000, 525000000, 587000000, 670000000,
@@ -211,13 +212,17 @@ static uint64_t ti_median(uint64_t *v, int n)
 	return v[n / 2];
 }
 
-/* Kernel log problems: oops, WARN, BUG, lockdep or KASAN reports. */
+/*
+ * Kernel log problems: oops, WARN, BUG, lockdep, KASAN, UBSAN, hung-task and RCU
+ * stall reports. boottest.sh greps the guest's dmesg for the same list.
+ */
 static int ti_dmesg_clean(char *why, size_t len)
 {
 	static const char *const bad[] = {
-		"Oops", "WARNING:", "BUG:", "Call Trace", "general protection",
-		"possible recursive locking", "circular locking", "Kernel panic",
-		"refcount_t:", "list_add corruption", "list_del corruption",
+		"Oops", "WARNING:", "BUG:", "kernel BUG", "cut here", "Call Trace",
+		"general protection", "possible recursive locking", "circular locking",
+		"Kernel panic", "refcount_t:", "list_add corruption", "list_del corruption",
+		"UBSAN:", "KASAN:", "blocked for more than", "rcu: INFO:", "self-detected stall",
 	};
 	int size = klogctl(10, NULL, 0); /* SYSLOG_ACTION_SIZE_BUFFER */
 	char *buf;
@@ -629,7 +634,26 @@ static void ti_check_sampler(int fd)
 	ti_ioc(fd, TI_RELEASE, NULL);
 }
 
+/*
+ * The random stream of the fuzz and the concurrency checks. boottest.sh passes a
+ * fresh seed as ti_seed= on the kernel command line (the kernel hands it to /init's
+ * environment); TI_FUZZ_SEED=<seed> there replays a run.
+ */
 static uint32_t ti_rng = 0x12345678;
+
+static void ti_seed_from_env(void)
+{
+	const char *s = getenv("ti_seed");
+	unsigned long v;
+	char *end;
+
+	if (!s || !*s)
+		return;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (!errno && !*end && (uint32_t)v)
+		ti_rng = (uint32_t)v;
+}
 
 static uint32_t ti_rand(void)
 {
@@ -639,38 +663,276 @@ static uint32_t ti_rand(void)
 	return ti_rng;
 }
 
+static uint64_t ti_rand64(void)
+{
+	return (uint64_t)ti_rand() << 32 | ti_rand();
+}
+
+static const unsigned long ti_cmds[] = {
+	TI_GET_INFO, TI_SET_FREQ, TI_SET_RANGE, TI_RELEASE, TI_GET_STATS, TI_SAMPLE_CONFIG,
+};
+#define TI_NCMDS (sizeof(ti_cmds) / sizeof(ti_cmds[0]))
+
+/* Index of cmd in ti_cmds, or -1: the module answers anything else with ENOTTY. */
+static int ti_cmd_index(unsigned long cmd)
+{
+	size_t i;
+
+	for (i = 0; i < TI_NCMDS; i++)
+		if ((unsigned int)cmd == ti_cmds[i])
+			return (int)i;
+	return -1;
+}
+
+static int ti_is_level(const uint64_t *levels, size_t n, uint64_t hz)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (levels[i] == hz)
+			return 1;
+	return 0;
+}
+
+/* Nearest level, ties go to the higher one (as the module snaps). */
+static uint64_t ti_snap(const uint64_t *levels, size_t n, uint64_t hz)
+{
+	uint64_t best = levels[0], best_d = UINT64_MAX, d;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		d = hz > levels[i] ? hz - levels[i] : levels[i] - hz;
+		if (d <= best_d) {
+			best = levels[i];
+			best_d = d;
+		}
+	}
+	return best;
+}
+
+/* How the module may reach the memory at an ioctl argument. */
+enum ti_access {
+	TI_ACC_NONE, /* NULL, unmapped, kernel, non-canonical: every copy faults */
+	TI_ACC_EDGE, /* the last 16 bytes before a hole: copies of more fault */
+	TI_ACC_RO,   /* a read-only page: copy_from_user works, copy_to_user faults */
+	TI_ACC_RW,
+};
+
+/*
+ * What the module must answer, from an independent reading of the ABI: 0 or -errno
+ * for ioctl cmd with argument arg (the bytes at it in `in`, reachable as `acc`) on
+ * the virtual GPU with no cooling cap, on an fd opened for writing or not. On
+ * success *out_hz is the level the module must report (target_hz / applied_max_hz).
+ */
+static int ti_fuzz_expect(unsigned long cmd, unsigned long arg, const unsigned char *in,
+			  enum ti_access acc, int writable, uint64_t *out_hz)
+{
+	size_t size = _IOC_SIZE(cmd), i;
+	int idx = ti_cmd_index(cmd), readable, can_write;
+
+	*out_hz = 0;
+	if (idx < 0)
+		return -ENOTTY;
+	readable = acc == TI_ACC_RW || acc == TI_ACC_RO || (acc == TI_ACC_EDGE && size <= 16);
+	can_write = acc == TI_ACC_RW || (acc == TI_ACC_EDGE && size <= 16);
+	switch (ti_cmds[idx]) {
+	case TI_GET_INFO:
+	case TI_GET_STATS:
+		return can_write ? 0 : -EFAULT;
+	case TI_RELEASE:
+		if (!writable)
+			return -EBADF;
+		return arg ? -EINVAL : 0;
+	case TI_SAMPLE_CONFIG: {
+		struct ti_sample_config c;
+
+		if (!readable)
+			return -EFAULT;
+		memcpy(&c, in, sizeof(c));
+		if (c.flags & ~TI_SAMPLE_F_ENABLE || c.__pad0)
+			return -EINVAL;
+		if (c.flags & TI_SAMPLE_F_ENABLE)
+			return c.period_ns < TI_SAMPLE_PERIOD_MIN_NS ||
+					       c.period_ns > TI_SAMPLE_PERIOD_MAX_NS ?
+				       -EINVAL :
+				       0;
+		return c.period_ns ? -EINVAL : 0;
+	}
+	case TI_SET_FREQ: {
+		struct ti_set_freq r;
+
+		if (!writable)
+			return -EBADF;
+		if (!readable)
+			return -EFAULT;
+		memcpy(&r, in, sizeof(r));
+		if (r.flags & ~TI_SET_FREQ_F_EXACT || r.__pad0)
+			return -EINVAL;
+		if (r.freq_hz < TI_BOTTOM || r.freq_hz > TI_TOP)
+			return -ERANGE;
+		if (r.flags & TI_SET_FREQ_F_EXACT && !ti_is_level(ti_levels, TI_NLEVELS, r.freq_hz))
+			return -EINVAL;
+		*out_hz = ti_snap(ti_levels, TI_NLEVELS, r.freq_hz);
+		return can_write ? 0 : -EFAULT; /* pinned, but the answer cannot be written */
+	}
+	case TI_SET_RANGE: {
+		struct ti_range r;
+		uint64_t lo = 0, hi = 0;
+
+		if (!writable)
+			return -EBADF;
+		if (!readable)
+			return -EFAULT;
+		memcpy(&r, in, sizeof(r));
+		if (r.applied_min_hz || r.applied_max_hz || r.cur_freq_hz || r.t_ns)
+			return -EINVAL;
+		if (r.min_hz > r.max_hz)
+			return -EINVAL;
+		if (r.min_hz < TI_BOTTOM || r.max_hz > TI_TOP)
+			return -ERANGE;
+		for (i = 0; i < TI_NLEVELS; i++) {
+			if (!lo && ti_levels[i] >= r.min_hz)
+				lo = ti_levels[i];
+			if (ti_levels[i] <= r.max_hz)
+				hi = ti_levels[i];
+		}
+		if (!lo || !hi || lo > hi)
+			return -EINVAL;
+		*out_hz = hi;
+		return can_write ? 0 : -EFAULT;
+	}
+	}
+	return -ENOTTY;
+}
+
+/* A frequency: near a level (one below, at, one above), inside or around the table. */
+static uint64_t ti_fuzz_hz(void)
+{
+	switch (ti_rand() % 4) {
+	case 0:
+		return ti_levels[ti_rand() % TI_NLEVELS] + ti_rand() % 3 - 1;
+	case 1:
+		return TI_BOTTOM - 1000000 + ti_rand() % (TI_TOP - TI_BOTTOM + 2000000);
+	case 2:
+		return ti_rand() % 2 ? 0 : ti_rand64();
+	default:
+		return ti_levels[ti_rand() % TI_NLEVELS];
+	}
+}
+
+/* Flags and padding as one word: mostly small valid flags with zero padding. */
+static uint64_t ti_fuzz_flags(void)
+{
+	switch (ti_rand() % 6) {
+	case 0:
+		return ti_rand64();
+	case 1:
+		return 1ULL << (ti_rand() % 64);
+	default:
+		return ti_rand() % 2;
+	}
+}
+
+/*
+ * Fill the first 64 bytes at p: random words, or shaped like one of our structs
+ * (half the time the one cmd takes) with plausible fields, and then maybe one word
+ * spoiled, so that every check of every command is hit from both sides.
+ */
+static void ti_fuzz_fill(unsigned char *p, unsigned long cmd)
+{
+	unsigned int shape = ti_rand() % 4;
+	uint64_t w[8];
+	size_t j;
+
+	if (ti_rand() % 2) {
+		if ((unsigned int)cmd == TI_SET_FREQ)
+			shape = 0;
+		else if ((unsigned int)cmd == TI_SET_RANGE)
+			shape = 1;
+		else if ((unsigned int)cmd == TI_SAMPLE_CONFIG)
+			shape = 2;
+	}
+	for (j = 0; j < 8; j++)
+		w[j] = ti_rand64();
+	switch (shape) {
+	case 0: /* ti_set_freq: freq_hz, flags|pad */
+		w[0] = ti_fuzz_hz();
+		w[1] = ti_fuzz_flags();
+		break;
+	case 1: /* ti_range: min_hz, max_hz, then four output fields that must be 0 */
+		w[0] = ti_fuzz_hz();
+		w[1] = ti_rand() % 4 ? w[0] + ti_rand() % (TI_TOP - TI_BOTTOM + 1) : ti_fuzz_hz();
+		w[2] = w[3] = w[4] = w[5] = 0;
+		break;
+	case 2: /* ti_sample_config: period_ns, flags|pad */
+		w[0] = ti_rand() % 3 ? ti_rand() % 2000000 : ti_rand() % 2 ? 0 : ti_rand64();
+		w[1] = ti_fuzz_flags();
+		break;
+	default:
+		break;
+	}
+	if (ti_rand() % 4 == 0)
+		w[ti_rand() % 6] = ti_rand() % 2 ? ti_rand64() : 0;
+	memcpy(p, w, sizeof(w));
+}
+
+struct ti_fuzz_tally {
+	int calls, reads, mismatches;
+	int by_ret[5]; /* 0, EFAULT, ENOTTY, EINVAL, ERANGE/EBADF */
+	int ok_by_cmd[TI_NCMDS];
+	char first[256];
+};
+
+static void ti_fuzz_count(struct ti_fuzz_tally *t, unsigned long cmd, int ret)
+{
+	int idx = ti_cmd_index(cmd);
+
+	if (!ret && idx >= 0)
+		t->ok_by_cmd[idx]++;
+	t->by_ret[ret == 0 ? 0 : ret == -EFAULT ? 1 : ret == -ENOTTY ? 2 : ret == -EINVAL ? 3 : 4]++;
+}
+
+/*
+ * Random commands (real ones, our type with random number, direction and size,
+ * real ones with a wrong size), random and plausible contents, and pointers that
+ * are NULL, low, non-canonical, kernel, unmapped, read-only or straddle a hole; on
+ * the read-write fd and a read-only one. Every answer is compared with
+ * ti_fuzz_expect(), and every successful pin with the level it must report.
+ */
 static void ti_fuzz(int fd)
 {
-	static const unsigned long cmds[] = {
-		TI_GET_INFO, TI_SET_FREQ, TI_SET_RANGE, TI_RELEASE, TI_GET_STATS, TI_SAMPLE_CONFIG,
-	};
 	long page = sysconf(_SC_PAGESIZE);
-	unsigned char *buf, *edge;
+	struct ti_fuzz_tally t = { 0 };
+	unsigned char *buf, *edge, *ro, in[64];
 	char why[256] = "";
-	int i, crashes = 0;
+	int i, rdonly;
 
-	buf = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buf == MAP_FAILED) {
-		ti_check(0, "ioctl_fuzz", "mmap");
+	rdonly = open(TI_DEV, O_RDONLY);
+	buf = mmap(NULL, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* the second page becomes a hole */
+	if (buf == MAP_FAILED || rdonly < 0 || munmap(buf + page, page)) {
+		ti_check(0, "ioctl_fuzz", "mmap, munmap or open: %s", strerror(errno));
 		return;
 	}
-	munmap(buf + page, page); /* the second page is now a hole */
 	edge = buf + page - 16;   /* a struct that runs into the hole */
+	ro = buf + 2 * page;
 	for (i = 0; i < TI_FUZZ_ROUNDS; i++) {
-		unsigned long cmd;
-		void *arg;
-		uint32_t r = ti_rand();
-		size_t j;
+		int on_rdonly = ti_rand() % 8 == 0, ret, want;
+		enum ti_access acc = TI_ACC_NONE;
+		unsigned long cmd, arg;
+		uint64_t want_hz;
 
-		switch (r % 4) {
-		case 0: /* a real command */
-			cmd = cmds[ti_rand() % 6];
+		switch (ti_rand() % 6) {
+		case 0:
+		case 4:
+		case 5: /* a real command, half the time */
+			cmd = ti_cmds[ti_rand() % TI_NCMDS];
 			break;
 		case 1: /* our type, random nr, direction and size */
 			cmd = _IOC(ti_rand() % 4, TI_IOC_MAGIC, ti_rand() % 16, ti_rand() % 512);
 			break;
 		case 2: /* a real command with a wrong size */
-			cmd = (cmds[ti_rand() % 6] & ~(_IOC_SIZEMASK << _IOC_SIZESHIFT)) |
+			cmd = (ti_cmds[ti_rand() % TI_NCMDS] & ~(_IOC_SIZEMASK << _IOC_SIZESHIFT)) |
 			      ((unsigned long)(ti_rand() % 1024) << _IOC_SIZESHIFT);
 			break;
 		default: /* our type, every other bit random */
@@ -678,45 +940,575 @@ static void ti_fuzz(int fd)
 			      ((unsigned long)TI_IOC_MAGIC << _IOC_TYPESHIFT);
 			break;
 		}
-		for (j = 0; j < (size_t)page; j += 4)
-			*(uint32_t *)(buf + j) = ti_rand();
-		if (ti_rand() % 3 == 0) /* plausible frequencies now and then */
-			*(uint64_t *)buf = ti_levels[ti_rand() % TI_NLEVELS] + ti_rand() % 3 - 1;
-		if (ti_rand() % 5 == 0)
-			*(uint64_t *)(buf + 8) = ti_rand() % 2;
-		switch (ti_rand() % 6) {
+		memset(in, 0, sizeof(in));
+		switch (ti_rand() % 8) {
 		case 0:
-			arg = NULL;
+			arg = 0;
 			break;
 		case 1: /* below mmap_min_addr, or non-canonical: never our memory */
-			arg = (void *)(uintptr_t)(ti_rand() % 2 ? ti_rand() % 65536 :
-							   0x0000800000000000ULL + ti_rand());
+			arg = ti_rand() % 2 ? ti_rand() % 65536 : 0x0000800000000000ULL + ti_rand();
 			break;
 		case 2:
-			arg = (void *)0xffffffff81000000UL; /* kernel text */
+			arg = 0xffffffff81000000UL; /* kernel text */
 			break;
 		case 3:
-			arg = edge;
+			ti_fuzz_fill(in, cmd);
+			memcpy(edge, in, 16);
+			arg = (unsigned long)edge;
+			acc = TI_ACC_EDGE;
 			break;
 		case 4:
-			arg = buf + page; /* unmapped */
+			arg = (unsigned long)(buf + page); /* unmapped */
+			break;
+		case 5:
+			ti_fuzz_fill(in, cmd);
+			if (mprotect(ro, page, PROT_READ | PROT_WRITE)) {
+				ti_check(0, "ioctl_fuzz", "mprotect: %s", strerror(errno));
+				return;
+			}
+			memcpy(ro, in, sizeof(in));
+			if (mprotect(ro, page, PROT_READ)) {
+				ti_check(0, "ioctl_fuzz", "mprotect: %s", strerror(errno));
+				return;
+			}
+			arg = (unsigned long)ro;
+			acc = TI_ACC_RO;
 			break;
 		default:
-			arg = buf;
+			ti_fuzz_fill(in, cmd);
+			memcpy(buf, in, sizeof(in));
+			arg = (unsigned long)buf;
+			acc = TI_ACC_RW;
 			break;
 		}
-		ioctl(fd, cmd, arg);
-		if (i % 512 == 0) /* reads with bad buffers too */
-			(void)!read(fd, (void *)0xffffffff81000000UL, 4096);
+		want = ti_fuzz_expect(cmd, arg, in, acc, !on_rdonly, &want_hz);
+		ret = ioctl(on_rdonly ? rdonly : fd, cmd, arg) ? -errno : 0;
+		t.calls++;
+		ti_fuzz_count(&t, cmd, ret);
+		if (ret == 0 && acc == TI_ACC_RW && want_hz) {
+			const struct ti_set_freq *sf = (const void *)buf;
+			const struct ti_range *sr = (const void *)buf;
+			int is_freq = (unsigned int)cmd == TI_SET_FREQ;
+			uint64_t got = is_freq ? sf->target_hz : sr->applied_max_hz;
+			uint64_t applied = is_freq ? sf->applied_hz : sr->cur_freq_hz;
+
+			/* virtual GPU, no other request, no cap: it runs at what we pinned */
+			if (got != want_hz || applied != want_hz)
+				want = -EPROTO;
+		}
+		if (ret != want && !t.mismatches++)
+			snprintf(t.first, sizeof(t.first),
+				 "call %d cmd %#lx arg %#lx acc %d rdonly %d: ret %d, expected %d", i,
+				 cmd, arg, acc, on_rdonly, ret, want);
+		if (i % 512 == 0) { /* reads with a kernel buffer: never written */
+			int flags = fcntl(fd, F_GETFL);
+			ssize_t n = -1;
+
+			errno = EBADF;
+			if (flags >= 0 && !fcntl(fd, F_SETFL, flags | O_NONBLOCK))
+				n = read(fd, (void *)0xffffffff81000000UL, 4096);
+			ret = n < 0 ? -errno : (int)n;
+			if (flags < 0 || fcntl(fd, F_SETFL, flags))
+				ret = -EPROTO;
+			t.reads++;
+			if (ret != 0 && ret != -EFAULT && ret != -EAGAIN && !t.mismatches++)
+				snprintf(t.first, sizeof(t.first), "read into kernel memory: %d", ret);
+		}
 	}
 	/* a fuzzed TI_SAMPLE_CONFIG may have started the sampler */
 	ti_ioc(fd, TI_SAMPLE_CONFIG, &(struct ti_sample_config){ 0 });
 	ti_ioc(fd, TI_RELEASE, NULL);
-	munmap(buf, page);
+	if (munmap(buf, page) || munmap(ro, page) || close(rdonly)) {
+		t.mismatches++;
+		snprintf(t.first, sizeof(t.first), "cleanup: %s", strerror(errno));
+	}
+	printf("TI-FUZZ ioctls=%d reads=%d mismatches=%d ok=%d efault=%d enotty=%d einval=%d "
+	       "other=%d ok_get_info=%d ok_set_freq=%d ok_set_range=%d ok_release=%d "
+	       "ok_get_stats=%d ok_sample_config=%d\n",
+	       t.calls, t.reads, t.mismatches, t.by_ret[0], t.by_ret[1], t.by_ret[2], t.by_ret[3],
+	       t.by_ret[4], t.ok_by_cmd[0], t.ok_by_cmd[1], t.ok_by_cmd[2], t.ok_by_cmd[3],
+	       t.ok_by_cmd[4], t.ok_by_cmd[5]);
+	ti_check(t.calls >= 10000, "ioctl_fuzz_count", "only %d calls", t.calls);
+	ti_check(!t.mismatches, "ioctl_fuzz_every_answer_as_the_abi_says", "%d mismatches, first: %s",
+		 t.mismatches, t.first);
+	ti_check(t.ok_by_cmd[0] && t.ok_by_cmd[1] && t.ok_by_cmd[2] && t.ok_by_cmd[3] &&
+			 t.ok_by_cmd[4] && t.ok_by_cmd[5],
+		 "ioctl_fuzz_reached_every_success_path", "a command never succeeded");
 	ti_check(ti_cur_freq() == TI_TOP, "fuzz_leaves_device_usable", "cur %llu",
 		 (unsigned long long)ti_cur_freq());
-	crashes = !ti_dmesg_clean(why, sizeof(why));
-	ti_check(!crashes, "ioctl_fuzz_no_oops_no_warn", "%s", why);
+	ti_check(ti_dmesg_clean(why, sizeof(why)), "ioctl_fuzz_no_oops_no_warn", "%s", why);
+}
+
+/* ---- several processes, each with its own requests ------------------------ */
+
+#define TI_OPENERS 4
+#define TI_MODEL_STEPS 400
+#define TI_STRESS_ROUNDS 6
+#define TI_STRESS_CALLS 300
+
+/* The GPU under test as user space sees it. */
+struct ti_gpu {
+	const uint64_t *levels; /* ascending */
+	size_t n;
+	/*
+	 * Where its governor heads with no request: the top on the virtual GPU
+	 * (total_time 0), the bottom on ti_fakegpu (25% busy).
+	 */
+	int governor_wants_top;
+};
+
+enum ti_op_code {
+	TI_OP_SET_FREQ,  /* a */
+	TI_OP_SET_RANGE, /* [a, b] */
+	TI_OP_RELEASE,
+	TI_OP_CLOSE,
+	TI_OP_OPEN,
+	TI_OP_EXIT,   /* _exit() with the fd open: the kernel closes it */
+	TI_OP_STRESS, /* random ioctls, then the final request [a, b] (a == 0: none) */
+};
+
+struct ti_op {
+	int code;
+	uint32_t seed;
+	uint64_t a, b;
+};
+
+struct ti_reply {
+	int ret;     /* 0 or -errno */
+	uint64_t hz; /* SET_FREQ applied_hz, SET_RANGE cur_freq_hz */
+};
+
+/* One opener process and its requests, as the parent's model has them. */
+struct ti_opener {
+	pid_t pid;
+	int to_fd;
+	int from_fd;
+	int pinned;
+	uint64_t min_hz, max_hz;
+};
+
+static uint32_t ti_xs(uint32_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 17;
+	*x ^= *x << 5;
+	return *x;
+}
+
+/* Random valid ioctls from one opener, then its final request. */
+static int ti_opener_stress(int fd, const struct ti_gpu *g, const struct ti_op *op,
+			    uint64_t *hz)
+{
+	uint32_t x = op->seed | 1;
+	struct ti_set_freq sf;
+	struct ti_range rg;
+	struct ti_stats st;
+	struct ti_info info;
+	int i, ret = 0, r;
+
+	for (i = 0; i < TI_STRESS_CALLS; i++) {
+		size_t lo = ti_xs(&x) % g->n, hi = lo + ti_xs(&x) % (g->n - lo);
+
+		switch (ti_xs(&x) % 5) {
+		case 0:
+			r = ti_set_freq(fd, g->levels[lo], TI_SET_FREQ_F_EXACT, NULL);
+			break;
+		case 1:
+			r = ti_set_range(fd, g->levels[lo], g->levels[hi], NULL);
+			break;
+		case 2:
+			r = ti_ioc(fd, TI_RELEASE, NULL);
+			break;
+		case 3:
+			r = ti_ioc(fd, TI_GET_STATS, &st);
+			break;
+		default:
+			r = ti_ioc(fd, TI_GET_INFO, &info);
+			break;
+		}
+		if (r && !ret)
+			ret = r;
+	}
+	if (!op->a) {
+		r = ti_ioc(fd, TI_RELEASE, NULL);
+	} else if (op->a == op->b) {
+		r = ti_set_freq(fd, op->a, TI_SET_FREQ_F_EXACT, &sf);
+		*hz = sf.applied_hz;
+	} else {
+		r = ti_set_range(fd, op->a, op->b, &rg);
+		*hz = rg.cur_freq_hz;
+	}
+	return ret ? ret : r;
+}
+
+static void __attribute__((noreturn)) ti_opener_main(int in, int out, const struct ti_gpu *g)
+{
+	struct ti_reply rep = { 0 };
+	struct ti_set_freq sf;
+	struct ti_range rg;
+	struct ti_op op;
+	int fd = open(TI_DEV, O_RDWR);
+
+	rep.ret = fd < 0 ? -errno : 0;
+	if (write(out, &rep, sizeof(rep)) != sizeof(rep))
+		_exit(2);
+	while (read(in, &op, sizeof(op)) == sizeof(op)) {
+		rep = (struct ti_reply){ 0 };
+		switch (op.code) {
+		case TI_OP_SET_FREQ:
+			rep.ret = ti_set_freq(fd, op.a, TI_SET_FREQ_F_EXACT, &sf);
+			rep.hz = sf.applied_hz;
+			break;
+		case TI_OP_SET_RANGE:
+			rep.ret = ti_set_range(fd, op.a, op.b, &rg);
+			rep.hz = rg.cur_freq_hz;
+			break;
+		case TI_OP_RELEASE:
+			rep.ret = ti_ioc(fd, TI_RELEASE, NULL);
+			break;
+		case TI_OP_CLOSE:
+			rep.ret = close(fd) ? -errno : 0;
+			fd = -1;
+			break;
+		case TI_OP_OPEN:
+			fd = open(TI_DEV, O_RDWR);
+			rep.ret = fd < 0 ? -errno : 0;
+			break;
+		case TI_OP_EXIT:
+			_exit(0);
+		case TI_OP_STRESS:
+			rep.ret = ti_opener_stress(fd, g, &op, &rep.hz);
+			break;
+		default:
+			rep.ret = -EINVAL;
+			break;
+		}
+		if (write(out, &rep, sizeof(rep)) != sizeof(rep))
+			_exit(2);
+	}
+	_exit(0);
+}
+
+/* Fork an opener; it opens its own fd. Returns its open() result. */
+static int ti_opener_spawn(struct ti_opener *o, const struct ti_gpu *g, int parent_fd)
+{
+	struct ti_reply rep;
+	int to[2], from[2];
+
+	if (pipe(to))
+		return -errno;
+	if (pipe(from)) {
+		close(to[0]);
+		close(to[1]);
+		return -errno;
+	}
+	o->pid = fork();
+	if (o->pid == 0) {
+		close(to[1]);
+		close(from[0]);
+		if (parent_fd >= 0)
+			close(parent_fd); /* only its own fd holds requests */
+		ti_opener_main(to[0], from[1], g);
+	}
+	close(to[0]);
+	close(from[1]);
+	o->to_fd = to[1];
+	o->from_fd = from[0];
+	o->pinned = 0;
+	if (o->pid < 0) {
+		close(o->to_fd);
+		close(o->from_fd);
+		return -EAGAIN;
+	}
+	if (read(o->from_fd, &rep, sizeof(rep)) != sizeof(rep))
+		return -EIO;
+	return rep.ret;
+}
+
+/* Wait for a dead opener (exited or killed) and drop its pipes. 0 or -errno. */
+static int ti_opener_reap(struct ti_opener *o)
+{
+	int ret = waitpid(o->pid, NULL, 0) == o->pid ? 0 : -errno;
+
+	close(o->to_fd);
+	close(o->from_fd);
+	o->pid = -1;
+	o->pinned = 0;
+	return ret;
+}
+
+static int ti_opener_send(struct ti_opener *o, const struct ti_op *op)
+{
+	return write(o->to_fd, op, sizeof(*op)) == sizeof(*op) ? 0 : -EIO;
+}
+
+static int ti_opener_recv(struct ti_opener *o, struct ti_reply *rep)
+{
+	return read(o->from_fd, rep, sizeof(*rep)) == sizeof(*rep) ? 0 : -EIO;
+}
+
+static int ti_opener_do(struct ti_opener *o, const struct ti_op *op, struct ti_reply *rep)
+{
+	int ret = ti_opener_send(o, op);
+
+	return ret ? ret : ti_opener_recv(o, rep);
+}
+
+/*
+ * PM QoS as devfreq applies it: the floor is the highest min request, the ceiling
+ * the lowest max request, a floor above the ceiling is lowered to it, and the
+ * governor's wish is clamped into [floor, ceiling].
+ */
+static uint64_t ti_qos_expect(const struct ti_gpu *g, const struct ti_opener *o, int n,
+			      uint64_t *qos_max_hz)
+{
+	uint64_t lo = g->levels[0], hi = g->levels[g->n - 1];
+	int i;
+
+	*qos_max_hz = 0;
+	for (i = 0; i < n; i++) {
+		if (!o[i].pinned)
+			continue;
+		lo = o[i].min_hz > lo ? o[i].min_hz : lo;
+		hi = o[i].max_hz < hi ? o[i].max_hz : hi;
+		if (!*qos_max_hz || o[i].max_hz < *qos_max_hz)
+			*qos_max_hz = o[i].max_hz;
+	}
+	if (lo > hi)
+		lo = hi;
+	return g->governor_wants_top ? hi : lo;
+}
+
+/* A random request for the model: [a, b] levels, a == b for TI_SET_FREQ. */
+static void ti_random_request(const struct ti_gpu *g, struct ti_op *op, int single)
+{
+	size_t lo = ti_rand() % g->n, hi = single ? lo : lo + ti_rand() % (g->n - lo);
+
+	op->a = g->levels[lo];
+	op->b = g->levels[hi];
+}
+
+struct ti_conc_tally {
+	int steps, checks, mismatches, kills, exits, closes, stress_rounds;
+	char first[256];
+};
+
+static void ti_conc_compare(struct ti_conc_tally *t, const struct ti_gpu *g,
+			    const struct ti_opener *o, int fd, const char *what,
+			    const struct ti_reply *rep)
+{
+	struct ti_info info = { 0 };
+	uint64_t qos_max, want = ti_qos_expect(g, o, TI_OPENERS, &qos_max);
+	uint64_t cur = ti_wait_freq(want);
+	int info_ret = ti_ioc(fd, TI_GET_INFO, &info);
+
+	t->checks++;
+	if (cur == want && info_ret == 0 && info.cur_freq_hz == want && info.qos_max_hz == qos_max &&
+	    (!rep || (rep->ret == 0 && (!rep->hz || rep->hz == want))))
+		return;
+	if (!t->mismatches++)
+		snprintf(t->first, sizeof(t->first),
+			 "step %d after %s: cur_freq %llu want %llu, info %d cur %llu qos_max %llu "
+			 "want %llu, reply %d %llu",
+			 t->steps, what, (unsigned long long)cur, (unsigned long long)want, info_ret,
+			 (unsigned long long)info.cur_freq_hz, (unsigned long long)info.qos_max_hz,
+			 (unsigned long long)qos_max, rep ? rep->ret : 0,
+			 rep ? (unsigned long long)rep->hz : 0ULL);
+}
+
+/* One random step on one opener, then compare with the model. */
+static int ti_conc_step(struct ti_conc_tally *t, const struct ti_gpu *g, struct ti_opener *o,
+			int fd)
+{
+	struct ti_opener *c = &o[ti_rand() % TI_OPENERS];
+	struct ti_op op = { 0 };
+	struct ti_reply rep = { 0 };
+	unsigned int dice = ti_rand() % 20;
+	const char *what;
+	int ret;
+
+	t->steps++;
+	if (dice < 7) {
+		op.code = dice < 3 ? TI_OP_SET_FREQ : TI_OP_SET_RANGE;
+		ti_random_request(g, &op, op.code == TI_OP_SET_FREQ);
+		c->pinned = 1;
+		c->min_hz = op.a;
+		c->max_hz = op.b;
+		what = op.code == TI_OP_SET_FREQ ? "set_freq" : "set_range";
+		ret = ti_opener_do(c, &op, &rep);
+	} else if (dice < 10) {
+		op.code = TI_OP_RELEASE;
+		c->pinned = 0;
+		what = "release";
+		ret = ti_opener_do(c, &op, &rep);
+	} else if (dice < 13) {
+		op.code = TI_OP_CLOSE;
+		c->pinned = 0;
+		what = "close";
+		t->closes++;
+		ret = ti_opener_do(c, &op, &rep);
+		op.code = TI_OP_OPEN;
+		if (!ret && !rep.ret)
+			ret = ti_opener_do(c, &op, &rep);
+	} else {
+		what = dice < 16 ? "exit" : "sigkill";
+		if (dice < 16) {
+			op.code = TI_OP_EXIT;
+			ret = ti_opener_send(c, &op);
+			t->exits++;
+		} else {
+			ret = kill(c->pid, SIGKILL) ? -errno : 0;
+			t->kills++;
+		}
+		ret = ret ? ret : ti_opener_reap(c);
+		if (!ret) /* the dead one's requests must be gone before it is replaced */
+			ti_conc_compare(t, g, o, fd, what, NULL);
+		ret = ret ? ret : ti_opener_spawn(c, g, fd);
+		rep.ret = 0;
+	}
+	if (ret) {
+		snprintf(t->first, sizeof(t->first), "step %d %s: opener lost: %d", t->steps, what, ret);
+		t->mismatches++;
+		return ret;
+	}
+	ti_conc_compare(t, g, o, fd, what, &rep);
+	return 0;
+}
+
+/*
+ * All openers at once: TI_STRESS_CALLS random ioctls each, then each settles on a
+ * final request (or none); in some rounds one opener is SIGKILLed mid-stress.
+ */
+static int ti_conc_stress(struct ti_conc_tally *t, const struct ti_gpu *g, struct ti_opener *o,
+			  int fd)
+{
+	struct ti_reply rep;
+	struct ti_op op;
+	int i, victim = -1, ret = 0, r;
+
+	t->stress_rounds++;
+	if (t->stress_rounds % 2 == 0)
+		victim = (int)(ti_rand() % TI_OPENERS);
+	for (i = 0; i < TI_OPENERS; i++) {
+		op = (struct ti_op){ .code = TI_OP_STRESS, .seed = ti_rand() };
+		if (ti_rand() % 4)
+			ti_random_request(g, &op, ti_rand() % 2);
+		o[i].pinned = op.a != 0;
+		o[i].min_hz = op.a;
+		o[i].max_hz = op.b;
+		r = ti_opener_send(&o[i], &op);
+		ret = ret ? ret : r;
+	}
+	if (victim >= 0) {
+		usleep(ti_rand() % 20000);
+		r = kill(o[victim].pid, SIGKILL) ? -errno : 0;
+		ret = ret ? ret : r;
+		t->kills++;
+	}
+	for (i = 0; i < TI_OPENERS; i++) {
+		if (i == victim)
+			continue;
+		r = ti_opener_recv(&o[i], &rep);
+		if (!r && rep.ret && !t->mismatches++)
+			snprintf(t->first, sizeof(t->first), "stress round %d opener %d: ioctl %d",
+				 t->stress_rounds, i, rep.ret);
+		ret = ret ? ret : r;
+	}
+	if (victim >= 0) {
+		r = ti_opener_reap(&o[victim]);
+		r = r ? r : ti_opener_spawn(&o[victim], g, fd);
+		ret = ret ? ret : r;
+	}
+	if (!ret)
+		ti_conc_compare(t, g, o, fd, "stress", NULL);
+	return ret;
+}
+
+/*
+ * Several processes, each with its own fd and requests: at every step the clock
+ * must be what PM QoS makes of all live requests, and each process's requests must
+ * go when it releases, closes, exits or is killed.
+ */
+static void ti_check_concurrent(int fd, const struct ti_gpu *g, const char *phase)
+{
+	struct ti_opener o[TI_OPENERS];
+	struct ti_conc_tally t = { 0 };
+	struct ti_op op = { .code = TI_OP_EXIT };
+	char name[64];
+	int i, ret = 0, spawned = 0;
+	uint64_t after;
+
+	for (i = 0; i < TI_OPENERS && !ret; i++, spawned++)
+		ret = ti_opener_spawn(&o[i], g, fd);
+	for (i = 0; i < TI_MODEL_STEPS && !ret; i++)
+		ret = ti_conc_step(&t, g, o, fd);
+	for (i = 0; i < TI_STRESS_ROUNDS && !ret; i++)
+		ret = ti_conc_stress(&t, g, o, fd);
+	for (i = 0; i < spawned; i++) {
+		if (o[i].pid <= 0)
+			continue;
+		if (ti_opener_send(&o[i], &op) && kill(o[i].pid, SIGKILL) && !ret)
+			ret = -errno;
+		if (ti_opener_reap(&o[i]) && !ret)
+			ret = -ECHILD;
+	}
+	after = ti_wait_freq(g->governor_wants_top ? g->levels[g->n - 1] : g->levels[0]);
+	printf("TI-CONCURRENT phase=%s processes=%d steps=%d stress_rounds=%d checks=%d "
+	       "mismatches=%d closes=%d exits=%d kills=%d\n",
+	       phase, TI_OPENERS, t.steps, t.stress_rounds, t.checks, t.mismatches, t.closes,
+	       t.exits, t.kills);
+	snprintf(name, sizeof(name), "%s_concurrent_openers_combine_as_pm_qos", phase);
+	ti_check(!ret && !t.mismatches && t.steps == TI_MODEL_STEPS &&
+			 t.stress_rounds == TI_STRESS_ROUNDS,
+		 name, "ret %d, %d mismatches, first: %s", ret, t.mismatches, t.first);
+	snprintf(name, sizeof(name), "%s_concurrent_openers_all_released", phase);
+	ti_check(after == (g->governor_wants_top ? g->levels[g->n - 1] : g->levels[0]), name,
+		 "cur %llu", (unsigned long long)after);
+}
+
+/* ---- rmmod while an fd is open -------------------------------------------- */
+
+/* turboinfer's reference count from /proc/modules, -1 when not loaded. */
+static int ti_module_refcount(void)
+{
+	char line[256], name[64];
+	int refs, found = -1;
+	FILE *fp = fopen("/proc/modules", "r");
+
+	if (!fp)
+		return -1;
+	while (fgets(line, sizeof(line), fp))
+		if (sscanf(line, "%63s %*u %d", name, &refs) == 2 && !strcmp(name, "turboinfer"))
+			found = refs;
+	fclose(fp);
+	return found;
+}
+
+/* An open fd holds the module: delete_module is refused, and the device keeps working. */
+static void ti_check_rmmod_refused(int fd)
+{
+	int before, with_two, after, ret, fd2, pinned;
+	struct ti_info info;
+
+	pinned = ti_set_freq(fd, 400000000, 0, NULL);
+	before = ti_module_refcount();
+	errno = 0;
+	ret = syscall(SYS_delete_module, "turboinfer", O_NONBLOCK) ? -errno : 0;
+	printf("TI-RMMOD-BUSY delete_module=%d (%s) refcount=%d\n", ret, strerror(-ret), before);
+	ti_check(ret == -EAGAIN || ret == -EBUSY, "rmmod_refused_while_fd_open", "ret %d", ret);
+	ti_check(pinned == 0 && access(TI_DEV, F_OK) == 0 && ti_cur_freq() == 400000000 &&
+			 ti_ioc(fd, TI_GET_INFO, &info) == 0 &&
+			 ti_set_freq(fd, 525000000, 0, NULL) == 0 && ti_cur_freq() == 525000000,
+		 "device_intact_after_refused_rmmod", "cur %llu", (unsigned long long)ti_cur_freq());
+	fd2 = open(TI_DEV, O_RDONLY);
+	with_two = ti_module_refcount();
+	if (fd2 >= 0)
+		close(fd2);
+	after = ti_module_refcount();
+	ti_check(before >= 1 && fd2 >= 0 && with_two == before + 1 && after == before,
+		 "module_refcount_counts_open_fds", "refcount %d, with a second fd %d, after %d",
+		 before, with_two, after);
+	ti_ioc(fd, TI_RELEASE, NULL);
 }
 
 static void ti_timing(int fd)
@@ -780,6 +1572,7 @@ static int ti_run(void)
 {
 	int fd = open(TI_DEV, O_RDWR);
 
+	printf("TI-SEED ti_seed=%u\n", ti_rng);
 	ti_check(fd >= 0, "open_dev", "%s", strerror(errno));
 	if (fd < 0)
 		return 1;
@@ -794,6 +1587,10 @@ static int ti_run(void)
 	ti_check_sigkill_releases();
 	ti_check_sampler(fd);
 	ti_fuzz(fd);
+	ti_check_concurrent(fd, &(struct ti_gpu){ .levels = ti_levels, .n = TI_NLEVELS,
+						  .governor_wants_top = 1 },
+			    "virtual");
+	ti_check_rmmod_refused(fd);
 	ti_timing(fd);
 	close(fd);
 	printf("TI-RUN passed=%d failed=%d\n", ti_passes, ti_failures);
@@ -861,19 +1658,29 @@ static int ti_attach(void)
 	ret = ti_ioc(fd, TI_RELEASE, NULL);
 	ti_check(ret == 0 && ti_cur_freq() == 325000000, "attach_release_to_governor",
 		 "cur %llu", (unsigned long long)ti_cur_freq());
+	/* here the governor heads down, so the min requests show too */
+	ti_check_concurrent(fd, &(struct ti_gpu){ .levels = want, .n = 3 }, "attach");
 	close(fd);
 	printf("TI-ATTACH passed=%d failed=%d\n", ti_passes, ti_failures);
 	return ti_failures ? 1 : 0;
 }
 
-static int ti_post(int run_rc, int rmmod_rc, int attach_rc)
+/* phases: "NAME=RC" for each step /init ran; each must have exited 0. */
+static int ti_post(int nphases, char **phases)
 {
-	char why[256] = "", cdir[300];
+	char why[256] = "", cdir[300], name[96];
 	int clean = ti_dmesg_clean(why, sizeof(why));
+	int i, rc;
 
-	ti_check(run_rc == 0, "run_phase_passed", "rc %d", run_rc);
-	ti_check(rmmod_rc == 0, "rmmod_clean", "rmmod rc %d", rmmod_rc);
-	ti_check(attach_rc == 0, "attach_phase_passed", "rc %d", attach_rc);
+	for (i = 0; i < nphases; i++) {
+		const char *eq = strchr(phases[i], '=');
+
+		rc = eq && eq[1] ? atoi(eq + 1) : -1;
+		snprintf(name, sizeof(name), "phase_%.*s_rc_0", eq ? (int)(eq - phases[i]) : 32,
+			 phases[i]);
+		ti_check(eq && rc == 0, name, "%s", phases[i]);
+	}
+	ti_check(nphases > 0, "post_got_phases", "no NAME=RC arguments");
 	ti_check(access(TI_DEV, F_OK) != 0 && access(TI_DF, F_OK) != 0 &&
 			 !ti_find_cooling(cdir, sizeof(cdir)),
 		 "rmmod_removed_everything", "");
@@ -888,12 +1695,13 @@ static int ti_post(int run_rc, int rmmod_rc, int attach_rc)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	ti_seed_from_env();
 	if (argc == 2 && !strcmp(argv[1], "run"))
 		return ti_run();
 	if (argc == 2 && !strcmp(argv[1], "attach"))
 		return ti_attach();
-	if (argc == 5 && !strcmp(argv[1], "post"))
-		return ti_post(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: %s run | attach | post RUN_RC RMMOD_RC ATTACH_RC\n", argv[0]);
+	if (argc >= 2 && !strcmp(argv[1], "post"))
+		return ti_post(argc - 2, argv + 2);
+	fprintf(stderr, "usage: %s run | attach | post NAME=RC...\n", argv[0]);
 	return 2;
 }

@@ -14,6 +14,9 @@
  * request of ours can lift the clock above another party's cap. Each open file has
  * its own request pair, removed on TI_RELEASE and on the last close, which the
  * kernel runs even when the process dies by SIGKILL.
+ *
+ * turboinfer.ko is built from this file (the device, its ioctls, the sampler and
+ * the cooling device) and ti_vgpu.c (the virtual=1 test GPU).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -29,7 +32,6 @@
 #include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/platform_device.h>
-#include <linux/pm_opp.h>
 #include <linux/pm_qos.h>
 #include <linux/poll.h>
 #include <linux/slab.h>
@@ -39,11 +41,12 @@
 #include <linux/thermal.h>
 #include <linux/uaccess.h>
 #include <linux/units.h>
+#include <linux/version.h>
 #include <linux/wait.h>
 
+#include "ti_vgpu.h"
 #include "turboinfer_uapi.h"
 
-#define TI_VGPU_NAME "turboinfer-vgpu"
 #define TI_RING_RECORDS 1024
 #define TI_READ_BATCH 8
 #define TI_PPM 1000000U
@@ -57,32 +60,13 @@ static bool ti_virtual;
 module_param_named(virtual, ti_virtual, bool, 0444);
 MODULE_PARM_DESC(virtual, "host our own virtual devfreq GPU (Adreno 650 levels) instead of attaching");
 
-static uint ti_vgpu_busy_pct = 60;
-module_param_named(vgpu_busy_pct, ti_vgpu_busy_pct, uint, 0444);
-MODULE_PARM_DESC(vgpu_busy_pct, "simulated busy share of the virtual GPU, percent");
-
-/*
- * Adreno 650 levels, Hz (kona-v2-gpu.dtsi, OnePlus sm8250 tree). 305 MHz is its
- * initial level.
- */
-static const unsigned long ti_vgpu_levels_hz[] = {
-	305000000, 400000000, 441600000, 490000000, 525000000, 587000000, 670000000,
-};
-
-struct ti_vgpu {
-	struct platform_device *pdev;
-	struct devfreq_dev_profile profile;
-	/* Written by ti_vgpu_target() under devfreq->lock; read locklessly (READ_ONCE). */
-	unsigned long cur_hz;
-};
-
 struct ti_dev {
+	/* df, parent, is_virtual, nfreqs and freqs_hz: set by ti_init(), constant after. */
 	struct devfreq *df;
 	struct device *parent; /* df->dev.parent: holds the PM QoS requests */
 	bool is_virtual;
-	/* Constant after ti_init(). Ascending. */
 	unsigned int nfreqs;
-	u64 freqs_hz[TI_MAX_FREQS];
+	u64 freqs_hz[TI_MAX_FREQS]; /* ascending, unique */
 
 	/*
 	 * lock guards cool_state, cool_cap_hz, cool_req and every ti_file's request
@@ -111,7 +95,6 @@ struct ti_dev {
 	u64 last_transition_ns;
 
 	struct notifier_block trans_nb;
-	struct ti_vgpu vgpu;
 	struct miscdevice misc;
 };
 
@@ -306,28 +289,36 @@ static int ti_cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int ti_read_table(struct ti_dev *td)
+/* Copy devfreq's table into td->freqs_hz; returns the count or -E2BIG. */
+static int ti_copy_table(struct ti_dev *td)
 {
 	struct devfreq *df = td->df;
-	unsigned int i, n = 0;
-	int ret = 0;
+	unsigned int i;
 
-	mutex_lock(&df->lock);
+	lockdep_assert_held(&df->lock);
 	if (!df->max_state || df->max_state > TI_MAX_FREQS || !df->freq_table) {
 		pr_err("%s has %u levels; need 1..%d\n", dev_name(&df->dev), df->max_state,
 		       TI_MAX_FREQS);
-		ret = -E2BIG;
-		goto out;
+		return -E2BIG;
 	}
 	for (i = 0; i < df->max_state; i++)
 		td->freqs_hz[i] = df->freq_table[i];
-	n = df->max_state;
 	if (!td->is_virtual && !ti_last_status_ppm(df, &td->busy_ppm))
 		td->busy_ppm = 0;
-out:
-	mutex_unlock(&df->lock);
-	if (ret)
+	return df->max_state;
+}
+
+static int ti_read_table(struct ti_dev *td)
+{
+	unsigned int i, n;
+	int ret;
+
+	mutex_lock(&td->df->lock);
+	ret = ti_copy_table(td);
+	mutex_unlock(&td->df->lock);
+	if (ret < 0)
 		return ret;
+	n = ret;
 	/* Drivers may list levels descending (KGSL does); keep ours ascending, unique. */
 	sort(td->freqs_hz, n, sizeof(u64), ti_cmp_u64, NULL);
 	td->nfreqs = 0;
@@ -342,47 +333,70 @@ out:
 
 /* ---- per-file PM QoS requests -------------------------------------------- */
 
-static int ti_file_pin(struct ti_file *f, s32 min_khz, s32 max_khz)
+/* First pin of this file: add its max request, then its min request. */
+static int ti_file_add_requests(struct ti_file *f, s32 min_khz, s32 max_khz)
 {
 	struct ti_dev *td = f->td;
 	int ret;
 
 	lockdep_assert_held(&td->lock);
-	if (!f->has_req) {
-		ret = dev_pm_qos_add_request(td->parent, &f->max_req,
-					     DEV_PM_QOS_MAX_FREQUENCY, max_khz);
-		if (ret < 0)
-			return ret;
-		ret = dev_pm_qos_add_request(td->parent, &f->min_req,
-					     DEV_PM_QOS_MIN_FREQUENCY, min_khz);
-		if (ret < 0) {
-			if (dev_pm_qos_remove_request(&f->max_req) < 0)
-				pr_warn("could not drop a max request after a failed add\n");
-			return ret;
-		}
-		f->has_req = true;
-		goto done;
-	}
-	/* Move the bound on the side we are heading first: one transition, not two. */
+	ret = dev_pm_qos_add_request(td->parent, &f->max_req, DEV_PM_QOS_MAX_FREQUENCY,
+				     max_khz);
+	if (ret < 0)
+		return ret;
+	ret = dev_pm_qos_add_request(td->parent, &f->min_req, DEV_PM_QOS_MIN_FREQUENCY,
+				     min_khz);
+	if (ret < 0)
+		goto err_max;
+	f->has_req = true;
+	f->min_khz = min_khz;
+	f->max_khz = max_khz;
+	return 0;
+
+err_max:
+	if (dev_pm_qos_remove_request(&f->max_req) < 0)
+		pr_warn("could not drop a max request after a failed add\n");
+	return ret;
+}
+
+/*
+ * Later pins: move the bound on the side we are heading first, so the clock makes
+ * one transition, not two. Our copies follow each request that was updated, also
+ * when the second update fails.
+ */
+static int ti_file_move_requests(struct ti_file *f, s32 min_khz, s32 max_khz)
+{
+	int ret;
+
+	lockdep_assert_held(&f->td->lock);
 	if (max_khz < f->max_khz) {
 		ret = dev_pm_qos_update_request(&f->max_req, max_khz);
 		if (ret < 0)
 			return ret;
 		f->max_khz = max_khz;
 		ret = dev_pm_qos_update_request(&f->min_req, min_khz);
-	} else {
-		ret = dev_pm_qos_update_request(&f->min_req, min_khz);
 		if (ret < 0)
 			return ret;
 		f->min_khz = min_khz;
-		ret = dev_pm_qos_update_request(&f->max_req, max_khz);
+		return 0;
 	}
+	ret = dev_pm_qos_update_request(&f->min_req, min_khz);
 	if (ret < 0)
 		return ret;
-done:
 	f->min_khz = min_khz;
+	ret = dev_pm_qos_update_request(&f->max_req, max_khz);
+	if (ret < 0)
+		return ret;
 	f->max_khz = max_khz;
 	return 0;
+}
+
+static int ti_file_pin(struct ti_file *f, s32 min_khz, s32 max_khz)
+{
+	lockdep_assert_held(&f->td->lock);
+	if (!f->has_req)
+		return ti_file_add_requests(f, min_khz, max_khz);
+	return ti_file_move_requests(f, min_khz, max_khz);
 }
 
 static int ti_file_unpin(struct ti_file *f)
@@ -597,6 +611,24 @@ static void ti_sampler_stop(struct ti_file *f)
 	wake_up_interruptible(&f->wq);
 }
 
+/* Allocate the ring on first use, then arm the timer. */
+static int ti_sampler_start(struct ti_file *f, ktime_t period)
+{
+	int ret;
+
+	lockdep_assert_held(&f->lock);
+	if (!f->ring_ready) {
+		ret = kfifo_alloc(&f->ring, TI_RING_RECORDS, GFP_KERNEL);
+		if (ret)
+			return ret;
+		smp_store_release(&f->ring_ready, true);
+	}
+	f->period = period;
+	WRITE_ONCE(f->sampling, true);
+	hrtimer_start(&f->timer, f->period, HRTIMER_MODE_REL);
+	return 0;
+}
+
 static long ti_ioc_sample_config(struct ti_file *f, void __user *uarg)
 {
 	struct ti_sample_config cfg;
@@ -616,18 +648,8 @@ static long ti_ioc_sample_config(struct ti_file *f, void __user *uarg)
 
 	mutex_lock(&f->lock);
 	ti_sampler_stop(f);
-	if (!(cfg.flags & TI_SAMPLE_F_ENABLE))
-		goto out;
-	if (!f->ring_ready) {
-		ret = kfifo_alloc(&f->ring, TI_RING_RECORDS, GFP_KERNEL);
-		if (ret)
-			goto out;
-		smp_store_release(&f->ring_ready, true);
-	}
-	f->period = ns_to_ktime(cfg.period_ns);
-	WRITE_ONCE(f->sampling, true);
-	hrtimer_start(&f->timer, f->period, HRTIMER_MODE_REL);
-out:
+	if (cfg.flags & TI_SAMPLE_F_ENABLE)
+		ret = ti_sampler_start(f, ns_to_ktime(cfg.period_ns));
 	mutex_unlock(&f->lock);
 	return ret;
 }
@@ -716,6 +738,17 @@ static long ti_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	}
 }
 
+/* hrtimer_setup() arrived in 6.13 and hrtimer_init() left in 6.15. */
+static void ti_sampler_init(struct ti_file *f)
+{
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 13, 0)
+	hrtimer_setup(&f->timer, ti_sample_tick, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
+#else
+	hrtimer_init(&f->timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
+	f->timer.function = ti_sample_tick;
+#endif
+}
+
 static int ti_open(struct inode *inode, struct file *file)
 {
 	struct ti_file *f;
@@ -729,8 +762,7 @@ static int ti_open(struct inode *inode, struct file *file)
 	mutex_init(&f->lock);
 	spin_lock_init(&f->ring_lock);
 	init_waitqueue_head(&f->wq);
-	hrtimer_init(&f->timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
-	f->timer.function = ti_sample_tick;
+	ti_sampler_init(f);
 	ti_snapshot(f->td, &t_ns, &hz, &f->win_busy_ns, &f->win_total_ns);
 	ret = nonseekable_open(inode, file);
 	if (ret) {
@@ -822,91 +854,6 @@ static const struct thermal_cooling_device_ops ti_cool_ops = {
 	.set_cur_state = ti_cool_set_cur_state,
 };
 
-/* ---- virtual GPU (virtual=1) --------------------------------------------- */
-
-static int ti_vgpu_target(struct device *dev, unsigned long *freq, u32 flags)
-{
-	struct dev_pm_opp *opp;
-
-	opp = devfreq_recommended_opp(dev, freq, flags);
-	if (IS_ERR(opp))
-		return PTR_ERR(opp);
-	dev_pm_opp_put(opp);
-	WRITE_ONCE(ti_dev.vgpu.cur_hz, *freq);
-	return 0;
-}
-
-/* total_time = 0 makes simple_ondemand ask for the top of the allowed range, so
- * the QoS requests alone steer the virtual GPU. */
-static int ti_vgpu_get_dev_status(struct device *dev, struct devfreq_dev_status *stat)
-{
-	stat->total_time = 0;
-	stat->busy_time = 0;
-	stat->current_frequency = READ_ONCE(ti_dev.vgpu.cur_hz);
-	return 0;
-}
-
-static int ti_vgpu_get_cur_freq(struct device *dev, unsigned long *freq)
-{
-	*freq = READ_ONCE(ti_dev.vgpu.cur_hz);
-	return 0;
-}
-
-static int ti_vgpu_create(struct ti_dev *td)
-{
-	struct ti_vgpu *vg = &td->vgpu;
-	struct devfreq *df;
-	unsigned int i;
-	int ret;
-
-	if (ti_vgpu_busy_pct > 100)
-		return -EINVAL;
-	vg->pdev = platform_device_register_simple(TI_VGPU_NAME, PLATFORM_DEVID_NONE,
-						   NULL, 0);
-	if (IS_ERR(vg->pdev))
-		return PTR_ERR(vg->pdev);
-	for (i = 0; i < ARRAY_SIZE(ti_vgpu_levels_hz); i++) {
-		ret = dev_pm_opp_add(&vg->pdev->dev, ti_vgpu_levels_hz[i], 0);
-		if (ret)
-			goto err_opp;
-	}
-	vg->cur_hz = ti_vgpu_levels_hz[0];
-	vg->profile = (struct devfreq_dev_profile){
-		.initial_freq = ti_vgpu_levels_hz[0],
-		.polling_ms = 50,
-		.target = ti_vgpu_target,
-		.get_dev_status = ti_vgpu_get_dev_status,
-		.get_cur_freq = ti_vgpu_get_cur_freq,
-	};
-	df = devfreq_add_device(&vg->pdev->dev, &vg->profile, DEVFREQ_GOV_SIMPLE_ONDEMAND,
-				NULL);
-	if (IS_ERR(df)) {
-		ret = PTR_ERR(df);
-		pr_err("devfreq_add_device: %d (is governor_simpleondemand loaded?)\n", ret);
-		goto err_opp;
-	}
-	td->df = df;
-	td->parent = &vg->pdev->dev;
-	td->busy_ppm = ti_vgpu_busy_pct * (TI_PPM / 100);
-	return 0;
-
-err_opp:
-	dev_pm_opp_remove_all_dynamic(&vg->pdev->dev);
-	platform_device_unregister(vg->pdev);
-	return ret;
-}
-
-static void ti_vgpu_destroy(struct ti_dev *td)
-{
-	int ret;
-
-	ret = devfreq_remove_device(td->df);
-	if (ret)
-		pr_warn("devfreq_remove_device: %d\n", ret);
-	dev_pm_opp_remove_all_dynamic(&td->vgpu.pdev->dev);
-	platform_device_unregister(td->vgpu.pdev);
-}
-
 /* ---- attaching to a real devfreq GPU ------------------------------------- */
 
 static bool ti_name_matches(const char *pattern, const char *name)
@@ -920,7 +867,14 @@ static bool ti_name_matches(const char *pattern, const char *name)
 	       (name[nl - pl - 1] == '.' || name[nl - pl - 1] == ',');
 }
 
-static int ti_is_target_devfreq(struct device *dev, void *pattern)
+/* device_find_child() passes its match data as const from 6.14. */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 14, 0)
+typedef const void ti_match_data;
+#else
+typedef void ti_match_data;
+#endif
+
+static int ti_is_target_devfreq(struct device *dev, ti_match_data *pattern)
 {
 	return dev->class && !strcmp(dev->class->name, "devfreq") &&
 	       ti_name_matches(pattern, dev_name(dev));
@@ -960,10 +914,24 @@ static int ti_attach(struct ti_dev *td)
 	return 0;
 }
 
+/* Host the virtual GPU; attach to it as to any devfreq device. */
+static int ti_attach_virtual(struct ti_dev *td)
+{
+	unsigned int busy_pct;
+	int ret;
+
+	ret = ti_vgpu_create(&td->df, &busy_pct);
+	if (ret)
+		return ret;
+	td->parent = td->df->dev.parent;
+	td->busy_ppm = busy_pct * (TI_PPM / 100);
+	return 0;
+}
+
 static void ti_detach(struct ti_dev *td)
 {
 	if (td->is_virtual)
-		ti_vgpu_destroy(td);
+		ti_vgpu_destroy(td->df);
 	else
 		put_device(&td->df->dev);
 }
@@ -978,7 +946,7 @@ static int __init ti_init(void)
 	mutex_init(&td->lock);
 	spin_lock_init(&td->acct_lock);
 	td->is_virtual = ti_virtual;
-	ret = td->is_virtual ? ti_vgpu_create(td) : ti_attach(td);
+	ret = td->is_virtual ? ti_attach_virtual(td) : ti_attach(td);
 	if (ret)
 		return ret;
 	ret = ti_read_table(td);
