@@ -2,7 +2,7 @@
 /dev/turboinfer, and say precisely why it failed when it does.
 
 The module's ``target=`` parameter names the devfreq device to attach to (an exact name,
-a glob, or the part after the last '.' or ',', see kernel_module/turboinfer.c).
+a glob, or the part after the last '.' or ',', see kernel_module/ti_core.c).
 """
 
 from __future__ import annotations
