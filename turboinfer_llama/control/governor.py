@@ -89,7 +89,8 @@ class Governor:
         self.failed = False
         self.error: str | None = None
         self.fallback: str | None = None
-        self.feedback = "counters"
+        # the simulator's counters describe its own replays, not this live run
+        self.feedback = "engine-only" if record_only else "counters"
         self.applied = 0
         self.events = 0
         self.graphs = 0
@@ -99,7 +100,9 @@ class Governor:
         # graph -> ns from its end until its plan was set (replay models the same delay)
         self.plan_delay_ns: dict[int, int] = {}
         self._decision_ns: list[int] = []
-        self._graph_ns: list[int] = []
+        self._graph_ns: list[int] = []  # wall time of ingest + solve
+        self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
+        self._plan_wait_ns: list[int] = []  # from the graph's end until the worker began
         self._costs = NodeCosts()
         self._work_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
@@ -245,6 +248,7 @@ class Governor:
 
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
         start = time.perf_counter_ns()
+        cpu0 = time.thread_time_ns()
         batch: GraphBatch | None = batch_from_records(
             raw,
             graph=graph,
@@ -269,8 +273,11 @@ class Governor:
                     self.plan_delay_ns[graph] = now_ns() - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
+            self._graph_cpu_ns.append(time.thread_time_ns() - cpu0)
+            self._plan_wait_ns.append(start - t1)
             if len(self._graph_ns) > 10_000:
-                del self._graph_ns[:5_000]
+                for lst in (self._graph_ns, self._graph_cpu_ns, self._plan_wait_ns):
+                    del lst[:5_000]
 
     def _collect_log(self) -> None:
         ex = self.executor
@@ -380,7 +387,11 @@ class Governor:
             "decision_us_median": (
                 statistics.median(self._decision_ns) / 1e3 if self._decision_ns else None
             ),
-            "graph_plan_us_median": (
-                statistics.median(self._graph_ns) / 1e3 if self._graph_ns else None
-            ),
+            "graph_plan_us_median": _median_us(self._graph_ns),
+            "graph_plan_cpu_us_median": _median_us(self._graph_cpu_ns),
+            "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
         }
+
+
+def _median_us(ns: list[int]) -> float | None:
+    return statistics.median(ns) / 1e3 if ns else None

@@ -341,6 +341,7 @@ def replay(
     timing: str = "sim",
     plan_delay_ns: int = PLAN_DELAY_NS,
     plan_delays_ns: Mapping[int, int] | None = None,
+    counters: bool = True,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -355,6 +356,9 @@ def replay(
     (live: the worker's wake-up, ingest and solve); a plan later than the next graph's
     first kernel is late, as live. ``plan_delays_ns``: per graph id, the delay a live
     run measured (``PowerSession.record`` saves them), used instead where known.
+    ``counters``: hand the controller the device's counters after each graph; False
+    when the live run it is compared with had none (the simulated device's live loop
+    runs on engine timing alone).
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
@@ -375,6 +379,8 @@ def replay(
     graphs = _graphs(segments)
     costs = NodeCosts()
     r = _Runner(controller, device, timer_ns, recorded=recorded)
+    if not counters:
+        r.on_counters = None
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
@@ -403,9 +409,9 @@ def replay(
             prefill_open = False
         nodes = graphs.get(graph, [])
         if started == graph and nodes and ask_ns:
-            r.graph_done(
-                _batch(graph, nodes, gran, t_begin, ask_ns, done_ns, now, costs), plan_delay_ns
-            )
+            batch = _batch(graph, nodes, gran, t_begin, ask_ns, done_ns, now, costs)
+            delay = plan_delays_ns.get(graph, plan_delay_ns) if plan_delays_ns else plan_delay_ns
+            r.graph_done(batch, delay)
         r.poll()
 
     def end_request() -> None:

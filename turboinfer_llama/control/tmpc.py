@@ -109,6 +109,7 @@ class TubeMPC:
         self.gain = feedback_gain
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
         self._templates: dict[str, PhaseTemplate] = {}
+        self._time_scale: dict[str, float] = {}
         self.solves = 0
         self.graphs = 0
         self.granularity = "graph"
@@ -286,14 +287,20 @@ class TubeMPC:
                 busy_ns, host = float(busy), float(measured - busy)
             x = pm.features(g.c_ns, g.m_ns, g.launch, f)
             pm.update(x, busy_ns)
-            g.tabulate(pm, self.levels_hz, host, self.power)
-            self._templates[phase] = g
             # reference: the shadow runs the same graph, calibrated by this measurement
             # against the (updated) model's time at the clocks each node really ran at
             pred_here = float(pm.features(g.c_ns, g.m_ns, g.launch, f) @ pm.theta) + host
             scale = measured / pred_here if pred_here > 0 else 1.0
+            # the model's shape (how time scales with the clock) moves slowly (RLS); its
+            # absolute level follows the last graphs at once (a loaded host, a longer
+            # context): predictions carry the recent measured/predicted ratio
+            ts = self._time_scale.get(phase)
+            ts = scale if ts is None else 0.5 * ts + 0.5 * scale
+            self._time_scale[phase] = ts
+            g.tabulate(pm, self.levels_hz, host, self.power, ts)
+            self._templates[phase] = g
             edges = np.linspace(0, g.n, min(g.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
-            k_chunks = np.diff(g.cum_kernel_ns[edges], axis=0) * scale
+            k_chunks = np.diff(g.cum_kernel_ns[edges], axis=0) * (scale / ts)
             h_chunks = np.diff(g.cum_host_ns[edges]) * scale
             ref = 0.0
             for kc, hc in zip(k_chunks, h_chunks, strict=True):
@@ -418,7 +425,10 @@ class TubeMPC:
         if node_keyed:
             sw.extend(self._checkpoints(tpl, ends))
         if droppable:  # drop before the stall that follows the graph; raise before it
-            sw.append(Switch(Anchor.OFFSET, max(0, int(predicted) - s_ns), 0))
+            # at the graph's likely-latest end (the tube's upper bound): an early drop
+            # would slow its last kernels, with no boundary to notice it at graph level
+            late_end = predicted * (1.0 + r)
+            sw.append(Switch(Anchor.OFFSET, max(0, int(late_end) - s_ns), 0))
             sw.append(Switch(Anchor.TIME, t_now + int(d_lo) - s_ns, first))
         else:
             sw.append(Switch(Anchor.TIME, t_now, first))

@@ -80,12 +80,19 @@ class PhaseTemplate:
         self.energy_j = self.graph_ns = np.zeros(1)
 
     def tabulate(
-        self, model: PhaseModel, levels_hz: np.ndarray, host_ns: float, power: PowerTable
+        self,
+        model: PhaseModel,
+        levels_hz: np.ndarray,
+        host_ns: float,
+        power: PowerTable,
+        time_scale: float = 1.0,
     ) -> None:
-        """Kernel time per node and level from ``model``; the graph's measured host time
+        """Kernel time per node and level from ``model`` (times ``time_scale``, the
+        recent measured/predicted ratio); the graph's measured host time
         (level-independent) shared out by kernel launches; whole-graph and per-block
         energy (J x 1e9, i.e. W x ns) and time per level."""
         k, _ = model.level_times(self.c_ns, self.m_ns, self.launch, levels_hz)
+        k = k * time_scale
         self.kernel_ns = k
         self.cum_kernel_ns = np.vstack([np.zeros((1, len(levels_hz))), np.cumsum(k, axis=0)])
         per_launch = host_ns / max(float(self.launch.sum()), 1.0)
