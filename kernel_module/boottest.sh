@@ -83,6 +83,8 @@ mkdir -p "$boot/initramfs/bin" "$boot/initramfs/proc" "$boot/initramfs/sys" \
 	"$boot/initramfs/dev"
 gcc -static -O2 -Wall -Wextra -Werror -o "$boot/initramfs/ti_boottest" \
 	"$here/test/ti_boottest.c"
+gcc -static -O2 -Wall -Wextra -Werror -pthread -o "$boot/initramfs/ti_exec_drive" \
+	"$here/../hooks/tests/ti_exec_drive.c" "$here/../hooks/ti_exec.c" "$here/../hooks/ti_hooks.c" -lm
 cp "$(command -v busybox)" "$boot/initramfs/bin/busybox"
 cp "$gov" "$boot/initramfs/governor_simpleondemand.ko"
 cp "$ko" "$boot/initramfs/turboinfer.ko"
@@ -97,7 +99,7 @@ rc=0
 timeout "$timeout_s" qemu-system-x86_64 -accel tcg -nographic -no-reboot -m 512 \
 	-kernel "$vmlinuz" -initrd "$boot/initrd.cpio.gz" \
 	-append 'console=ttyS0 panic=-1 quiet loglevel=4' </dev/null >"$log" 2>&1 || rc=$?
-tr -d '\r' <"$log" | grep -E '^(TI-CHECK FAIL|TI-TIMING|TI-RUN|TI-ATTACH|TURBOINFER-BOOTTEST)' || true
+tr -d '\r' <"$log" | grep -E '^(TI-CHECK FAIL|TI-TIMING|TI-RUN|TI-ATTACH|TI-EXEC|TURBOINFER-BOOTTEST)' || true
 if [ "$rc" -eq 124 ]; then
 	echo "boottest: qemu timed out after ${timeout_s}s" >&2
 fi

@@ -22,6 +22,7 @@ if check insmod_governor insmod /governor_simpleondemand.ko &&
 	check dev_mode_0660 [ "$(stat -c %a /dev/turboinfer)" = 660 ]; then
 	/ti_boottest run
 	run_rc=$?
+	/ti_exec_drive || run_rc=1 # the native plan executor (hooks/) on the KMOD actuator
 fi
 rmmod turboinfer
 rmmod_rc=$?
