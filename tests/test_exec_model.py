@@ -389,3 +389,16 @@ def test_contended_lock_hands_events_over_and_loses_none() -> None:
     assert sum(a.source == "timer" for a in log) == len(timer_sw)
     assert status["deferred"] > 0, status
     assert status["defer_overflow"] == 0 and status["failed_errno"] == 0
+
+
+def test_model_actuator_error_stops_it_like_the_native_one() -> None:
+    m = ExecutorModel(LEVELS, fail_at=lambda level: 28 if level == 2 else 0)
+    m.switch_now(1, 10)
+    m.set_plan(Plan(first_level=2, end_level=0, switches=(Switch(Anchor.OFFSET, 5, 3),)), 20)
+    m.graph_begin(1, 30)
+    m.on_node(0, True, 40)  # first_level 2 fails: stopped
+    m.advance(100)
+    m.graph_end(110)
+    assert [(a.level, a.source) for a in m.log] == [(1, "now"), (2, "first")]
+    assert m.status.stopped and m.status.failed_errno == 28 and m.status.cur_level == 1
+    assert m.due(100) is None
