@@ -1,8 +1,9 @@
 """Packaging for turboinfer-llama.
 
-The C hook library in hooks/ (eval callback and plan executor) is compiled into the package as a plain shared object
-(loaded with ctypes, it has no Python entry point). Where no compiler works, the
-build carries on without it and the package uses its pure-Python callback.
+The C hook library in hooks/ (eval callback and plan executor) is compiled into the
+package as a plain shared object (loaded with ctypes, it has no Python entry point).
+Where no compiler works, the build carries on without it and the package uses its
+pure-Python callback.
 """
 
 from __future__ import annotations

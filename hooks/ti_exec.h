@@ -115,7 +115,7 @@ struct ti_exec;
 
 /*
  * 0, or -EINVAL (bad config), -ENOMEM, -errno from opening an actuator file, or from
- * starting the timer thread. Files are opened O_WRONLY|O_CLOEXEC (KMOD: O_RDWR).
+ * starting the timer thread. Files (and the KMOD device) are opened O_WRONLY|O_CLOEXEC.
  */
 TI_API int ti_exec_create(const struct ti_exec_config *cfg, struct ti_exec **out);
 /* Stops the executor and joins its timer thread: once this returns, no actuator call is

@@ -104,6 +104,7 @@ guest_program() {
 # The programs the guest runs; test/init.sh runs each as a phase. To add one: a line
 # here, and a phase in test/init.sh that passes NAME=RC to `ti_boottest post`.
 guest_program ti_boottest test/ti_boottest.c
+guest_program ti_exec_drive ../hooks/tests/ti_exec_drive.c ../hooks/ti_exec.c ../hooks/ti_hooks.c -- -pthread -lm
 
 cp "$(command -v busybox)" "$boot/initramfs/bin/busybox"
 cp "$gov" "$boot/initramfs/governor_simpleondemand.ko"
@@ -120,7 +121,7 @@ timeout "$timeout_s" qemu-system-x86_64 -accel tcg -nographic -no-reboot -m 512 
 	-kernel "$vmlinuz" -initrd "$boot/initrd.cpio.gz" \
 	-append "console=ttyS0 panic=-1 quiet loglevel=4 ti_seed=$seed" </dev/null >"$log" 2>&1 || rc=$?
 tr -d '\r' <"$log" |
-	grep -E '^(TI-CHECK FAIL|TI-SEED|TI-TIMING|TI-RUN|TI-ATTACH|TI-FUZZ|TI-CONCURRENT|TI-RMMOD|TURBOINFER-BOOTTEST)' ||
+	grep -E '^(TI-CHECK FAIL|TI-SEED|TI-TIMING|TI-RUN|TI-ATTACH|TI-FUZZ|TI-CONCURRENT|TI-RMMOD|TI-EXEC|TURBOINFER-BOOTTEST)' ||
 	true
 if [ "$rc" -eq 124 ]; then
 	echo "boottest: qemu timed out after ${timeout_s}s" >&2

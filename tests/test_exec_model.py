@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from turboinfer_llama._clock import now_ns
 from turboinfer_llama.control.executor_model import ExecutorModel
@@ -389,3 +391,88 @@ def test_contended_lock_hands_events_over_and_loses_none() -> None:
     assert sum(a.source == "timer" for a in log) == len(timer_sw)
     assert status["deferred"] > 0, status
     assert status["defer_overflow"] == 0 and status["failed_errno"] == 0
+
+
+def test_model_actuator_error_stops_it_like_the_native_one() -> None:
+    m = ExecutorModel(LEVELS, fail_at=lambda level: 28 if level == 2 else 0)
+    m.switch_now(1, 10)
+    m.set_plan(Plan(first_level=2, end_level=0, switches=(Switch(Anchor.OFFSET, 5, 3),)), 20)
+    m.graph_begin(1, 30)
+    m.on_node(0, True, 40)  # first_level 2 fails: stopped
+    m.advance(100)
+    m.graph_end(110)
+    assert [(a.level, a.source) for a in m.log] == [(1, "now"), (2, "first")]
+    assert m.status.stopped and m.status.failed_errno == 28 and m.status.cur_level == 1
+    assert m.due(100) is None
+
+
+# ---- random sequences (hypothesis) ----------------------------------------------------
+
+LONG = 10_000_000_000  # an expect_ns that never comes due during a test
+
+
+@st.composite
+def node_plans(draw: st.DrawFn) -> Plan:
+    """NODE-only plans: their outcome depends only on the callback times, which both
+    sides get explicitly (no race with the timer thread)."""
+    top = len(LEVELS) - 1
+    lv = st.integers(-1, top)
+    switches = draw(
+        st.lists(
+            st.builds(
+                Switch,
+                st.just(Anchor.NODE),
+                st.integers(0, 12),
+                lv,
+                st.sampled_from([-1, 0, LONG]),
+            ),
+            max_size=6,
+        )
+    )
+    return Plan(
+        graph=draw(st.sampled_from([0, 0, 0, 2, 3, 5])),
+        first_level=draw(lv),
+        end_level=draw(lv),
+        fallback_level=draw(lv),
+        n_nodes=draw(st.sampled_from([0, 0, 4, 8, 12])),
+        predicted_ns=1_000_000,
+        margin_ns=0,
+        gain=draw(st.sampled_from([0.0, 0.0, 1.0])),
+        switches=tuple(switches),
+    )
+
+
+@st.composite
+def sequences(draw: st.DrawFn) -> list[Step]:
+    steps: list[Step] = []
+    for seq in range(1, draw(st.integers(1, 4)) + 1):
+        if draw(st.booleans()):
+            steps.append(Step("plan", draw(node_plans())))
+        steps.append(Step("begin", seq))
+        n = draw(st.integers(0, 14))
+        late_at = draw(st.integers(-1, n))
+        for i in range(n):
+            if i == late_at:
+                steps.append(Step("plan", draw(node_plans())))
+            steps.append(Step("ask", i))
+            if draw(st.booleans()):
+                steps.append(Step("done", i))
+        if draw(st.integers(0, 5)) == 0:
+            steps.append(Step("now", draw(st.integers(0, len(LEVELS) - 1))))
+        steps.append(Step("end"))
+    return steps
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequences())
+def test_random_node_sequences_agree_exactly(steps: list[Step]) -> None:
+    log, status, timed = run_native(steps)
+    model = run_model(timed)
+    assert [key(a) for a in log] == [key(a) for a in model.log]
+    ms = model.status
+    assert (status["applied"], status["skipped"], status["mismatches"], status["late_plans"]) == (
+        ms.applied,
+        ms.skipped,
+        ms.mismatches,
+        ms.late_plans,
+    )

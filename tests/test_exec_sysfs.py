@@ -337,3 +337,32 @@ def test_log_overflow_is_counted_and_never_blocks() -> None:
         assert [a.level for a in ex.drain_log()] == [0, 1, 0, 1]
         ex.switch_now(0)
         assert [a.level for a in ex.drain_log()] == [0]
+
+
+def test_kmod_actuator_issues_the_ioctl(tmp_path: Path) -> None:
+    """The KMOD actuator really calls ioctl(TI_SET_FREQ): on a file that is no turboinfer
+    device the kernel answers ENOTTY, which stops the executor. (The real device is
+    driven in the kernel module's qemu boot test.)"""
+    not_a_device = tmp_path / "turboinfer"
+    not_a_device.write_text("")
+    with native_exec.NativeExecutor([1, 2], native_exec.KmodActuator(str(not_a_device))) as ex:
+        ex.switch_now(1)
+        raw = ex.drain_raw()
+        assert raw["err"].tolist() == [errno.ENOTTY]
+        assert ex.status()["failed_errno"] == errno.ENOTTY
+
+
+def test_device_backends_describe_their_native_actuator(tmp_path: Path) -> None:
+    from test_kmod_device import FakeTurboinfer
+
+    from turboinfer_llama.devices.kmod import KmodDevice
+    from turboinfer_llama.devices.sim import SimGpu
+
+    assert SimGpu().native_actuator() == native_exec.RecordActuator()
+    fifo = tmp_path / "turboinfer"
+    os.mkfifo(fifo)
+    dev = KmodDevice(str(fifo), ioctl=FakeTurboinfer().ioctl)
+    try:
+        assert dev.native_actuator() == native_exec.KmodActuator(str(fifo))
+    finally:
+        dev.close()

@@ -18,11 +18,14 @@ check() { # check NAME COMMAND...: one TI-CHECK line for a shell-level step
 }
 
 run_rc=1
+exec_rc=1
 if check insmod_governor insmod /governor_simpleondemand.ko &&
 	check insmod_turboinfer_virtual insmod /turboinfer.ko virtual=1 &&
 	check dev_mode_0660 [ "$(stat -c %a /dev/turboinfer)" = 660 ]; then
 	/ti_boottest run
 	run_rc=$?
+	/ti_exec_drive # the native plan executor (hooks/) on the KMOD actuator
+	exec_rc=$?
 fi
 rmmod turboinfer
 rmmod_rc=$?
@@ -40,7 +43,7 @@ check rmmod_fakegpu rmmod ti_fakegpu || attach_rc=1
 
 # Every phase as NAME=RC; a new guest program (boottest.sh: guest_program) adds its
 # own phase above and its NAME=RC here.
-/ti_boottest post run="$run_rc" rmmod="$rmmod_rc" attach="$attach_rc"
+/ti_boottest post run="$run_rc" exec="$exec_rc" rmmod="$rmmod_rc" attach="$attach_rc"
 
 # The guest's whole kernel log, for boottest.sh to keep and grep (an oops, WARN or
 # BUG fails the verdict there too).

@@ -77,10 +77,12 @@ def active_guards() -> list[str]:
 
 
 def restore_all() -> None:
-    """Restore every device still guarded; one failure does not stop the others."""
+    """Restore every device still guarded, newest first (a later guard may depend on an
+    earlier one: the native plan executor writing to a device is stopped before the
+    device is restored); one failure does not stop the others."""
     with _lock:
         guards = list(_active.values())
-    for g in guards:
+    for g in reversed(guards):
         try:
             g.restore()
         except Exception:  # keep restoring the rest at exit

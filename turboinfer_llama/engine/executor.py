@@ -7,8 +7,9 @@ call and reads the log of applied switches afterwards. Where the library was not
 ``control.executor_model.ExecutorModel`` has the same semantics in pure Python.
 
 Lifecycle: ``stop()`` joins the timer thread (no write lands after it returns); call it
-before restoring the device. ``close()`` also detaches from hooks and frees the library
-state.
+before restoring the device. Each executor registers a ``RestoreGuard`` after its device
+did, and guards run newest first, so atexit and SIGTERM/SIGINT stop it before the device
+is restored. ``close()`` also detaches from hooks and frees the library state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..control.executor_model import SOURCES
 from ..control.plan import Anchor, Applied, Plan
+from ..devices.guard import RestoreGuard
 from ..devices.native import (
     KmodActuator,
     NativeActuator,
@@ -316,10 +318,14 @@ class NativeExecutor:
         self.actuator = actuator
         self._lib = lib
         self._handle: int | None = handle.value
-        self._lock = threading.Lock()  # serialises close against every other call
+        # serialises close against every other call; re-entrant because the restore
+        # guard may call stop() from a signal handler on a thread inside a call
+        self._lock = threading.RLock()
         self._hooks: list[hooks.NativeHook] = []
         self._buf = np.zeros(min(log_capacity, 4096), dtype=APPLIED_DTYPE)
-        self._plan = _Plan()
+        # close, atexit and SIGTERM/SIGINT stop us before the device (guarded earlier)
+        # is restored: guards run newest first
+        self._guard = RestoreGuard(self.stop, "native plan executor")
 
     @property
     def handle(self) -> int | None:
@@ -406,6 +412,7 @@ class NativeExecutor:
 
     def close(self) -> None:
         """Stop, detach from every hook, close the actuator files. Idempotent."""
+        self._guard.restore()  # stop(), and no longer in the guard list
         for hook in list(self._hooks):
             hook.attach_executor(None)
         with self._lock:
