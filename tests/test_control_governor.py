@@ -138,6 +138,7 @@ def test_timer_thread_applies_a_decision_due_inside_a_stall():
     import time
 
     dev = FakeGpu()
+    dev.hz = LEVELS[1]  # so the drop is a change (a switch to the level in effect is skipped)
     gov = Governor(Scripted(), dev, timer=True).start()  # real monotonic clock
     from turboinfer_llama._clock import now_ns
 

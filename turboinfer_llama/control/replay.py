@@ -129,6 +129,8 @@ class _Runner:
         self._log_seen = 0
         self.plans = 0
         self.graph_begin_ns: dict[int, int] = {}
+        self._live_log: list[Applied] | None = None
+        self._live_begin: Mapping[int, int] = {}
 
     def _actuate(self, level: int) -> int:
         """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
@@ -179,15 +181,41 @@ class _Runner:
         self._seq += 1
         bisect.insort(self.graph_q, (self.dev.now_ns() + delay_ns, self._seq, batch))
 
+    def use_live_log(self, log: list[Applied], begin_ns: Mapping[int, int]) -> None:
+        self._live_log = log
+        self._live_begin = begin_ns
+
+    def _applied_since(self, now: int) -> list[tuple[int, int]]:
+        """Switches applied since the last call: the replay executor's, or the live
+        run's placed on this clock (graph by graph, by DECODE_BEGIN)."""
+        if self._live_log is None:
+            new = self.ex.log[self._log_seen :]
+            self._log_seen = len(self.ex.log)
+            return [(a.t_ns, a.level) for a in new]
+        out = []
+        log = self._live_log
+        while self._log_seen < len(log):
+            a = log[self._log_seen]
+            g = a.graph
+            if g not in self._live_begin:  # before the first graph: place it by the next
+                g = min((k for k in self._live_begin if k > g), default=g)
+            v0, l0 = self.graph_begin_ns.get(g), self._live_begin.get(g)
+            if v0 is None or l0 is None:
+                break
+            t = a.t_ns - l0 + v0
+            if t > now:
+                break
+            out.append((t, a.level))
+            self._log_seen += 1
+        return out
+
     def deliver_graphs(self) -> None:
         now = self.dev.now_ns()
         while self.graph_q and self.graph_q[0][0] <= now:
             _, _, batch = self.graph_q.pop(0)
             t0 = time.perf_counter_ns()
             if self.on_applied is not None:
-                new = self.ex.log[self._log_seen :]
-                self._log_seen = len(self.ex.log)
-                self.on_applied([(a.t_ns, a.level) for a in new])
+                self.on_applied(self._applied_since(now))
             if self.on_counters is not None:
                 self.on_counters(self.dev.read_counters())
             plan = self.on_graph(batch) if self.on_graph is not None else None
@@ -342,6 +370,8 @@ def replay(
     plan_delay_ns: int = PLAN_DELAY_NS,
     plan_delays_ns: Mapping[int, int] | None = None,
     counters: bool = True,
+    live_applied: Sequence[Applied] | None = None,
+    live_begin_ns: Mapping[int, int] | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -359,6 +389,11 @@ def replay(
     ``counters``: hand the controller the device's counters after each graph; False
     when the live run it is compared with had none (the simulated device's live loop
     runs on engine timing alone).
+    ``live_applied`` + ``live_begin_ns`` (pass-through replays of a live recording):
+    hand the controller the switches the live executor applied (placed on the
+    replay's clock by each graph's DECODE_BEGIN) instead of the replay executor's own,
+    so the controller sees exactly what it saw live; the replay executor's switches
+    are still what the result reports, for comparing the two.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
@@ -381,6 +416,10 @@ def replay(
     r = _Runner(controller, device, timer_ns, recorded=recorded)
     if not counters:
         r.on_counters = None
+    if live_applied is not None:
+        if live_begin_ns is None:
+            raise ValueError("live_applied needs live_begin_ns (DECODE_BEGIN per graph)")
+        r.use_live_log(list(live_applied), live_begin_ns)
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
