@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,7 @@ struct ti_exec {
 	uint32_t log_capacity;
 	pthread_t timer;
 	bool timer_started;
+	bool timer_rt; /* the timer thread got SCHED_FIFO (written once by it, informational) */
 
 	/*
 	 * The executor lock. It guards every field from here to "end of mu" and
@@ -615,6 +617,15 @@ static void *ti_timer_main(void *arg)
 {
 	struct ti_exec *ex = arg;
 	struct timespec ts;
+	const struct sched_param rt = { .sched_priority = 1 };
+
+	/*
+	 * Best effort: the lowest real-time priority, so a switch due inside a stall is not
+	 * delayed by busy CPUs (the engine's own threads). It needs root or CAP_SYS_NICE
+	 * (a rooted phone has it); without it the thread keeps its normal priority. The
+	 * thread sleeps between switches and does microseconds of work per switch.
+	 */
+	ex->timer_rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &rt) == 0;
 
 	ti_lock(ex);
 	while (!ex->stopped) {

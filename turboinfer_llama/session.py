@@ -288,6 +288,7 @@ class PowerSession:
         if loop is not None and loop.plan_delay_ns:
             # when each graph's plan was set, live: replay models the same delays
             meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
+            meta.setdefault("log_cutoff_ns", {str(g): d for g, d in loop.log_cutoff_ns.items()})
         return str(save_trace(path, self.timeline.events(), meta))
 
     # -- teardown --------------------------------------------------------------

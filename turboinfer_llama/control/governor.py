@@ -69,7 +69,12 @@ class Governor:
         self.controller = controller
         self.device = device
         self._clock = clock
-        self._lock = threading.RLock()  # controller state and the decision queue
+        # _lock: the decision queue, executor calls from Python, switch bookkeeping
+        # (held briefly, also by the engine thread); _ctl_lock: controller learning
+        # (on_applied, on_counters, on_graph), taken only by the planner thread
+        self._lock = threading.RLock()
+        self._ctl_lock = threading.Lock()
+        self._pending_applied: list[tuple[int, int]] = []
         self._queue: list[tuple[int, int, Decision]] = []
         self._seq = 0
         self._wake = threading.Event()
@@ -99,6 +104,8 @@ class Governor:
         self.applied_entries: deque[Applied] = deque(maxlen=200_000)
         # graph -> ns from its end until its plan was set (replay models the same delay)
         self.plan_delay_ns: dict[int, int] = {}
+        # graph -> ns from its end until the executor log was read for its planning
+        self.log_cutoff_ns: dict[int, int] = {}
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
@@ -177,27 +184,32 @@ class Governor:
     # ---- engine thread ---------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        """Handle one engine event on the caller's thread."""
+        """Handle one engine event on the caller's thread. The controller's
+        ``on_event`` runs without waiting for the planner: controllers keep it to
+        timestamps and small decisions, and learn in ``on_graph`` (see control/base.py)."""
         with self._lock:
             self.events += 1
-            if self.failed or not self._steering:
-                if not self.failed:
-                    self.controller.on_event(event)
+            if self.failed:
                 return
             self._apply_due(self._clock())
-            counters_inline = self._on_counters is not None and self._on_graph is None
-            if counters_inline and event.kind is EventKind.DECODE_END:
-                self._read_counters()
-            t0 = time.perf_counter_ns()
-            d = self.controller.on_event(event)
-            timed = (
-                self.controller.plan(event.t_ns)
-                if isinstance(d, Decision) or event.kind in _PLAN_EVENTS
-                else None
-            )
-            self._decision_ns.append(time.perf_counter_ns() - t0)
-            if len(self._decision_ns) > 100_000:
-                del self._decision_ns[:50_000]
+            steering = self._steering
+        if not steering:
+            self.controller.on_event(event)
+            return
+        counters_inline = self._on_counters is not None and self._on_graph is None
+        if counters_inline and event.kind is EventKind.DECODE_END:
+            self._read_counters()
+        t0 = time.perf_counter_ns()
+        d = self.controller.on_event(event)
+        timed = (
+            self.controller.plan(event.t_ns)
+            if isinstance(d, Decision) or event.kind in _PLAN_EVENTS
+            else None
+        )
+        self._decision_ns.append(time.perf_counter_ns() - t0)
+        if len(self._decision_ns) > 100_000:
+            del self._decision_ns[:50_000]
+        with self._lock:
             if isinstance(d, Plan):
                 self._set_plan(d)
             if timed:
@@ -263,14 +275,21 @@ class Governor:
         with self._lock:
             if self.failed:
                 return
+            t_drain = now_ns()
             self._collect_log()
+            applied, self._pending_applied = self._pending_applied, []
+        with self._ctl_lock:  # controller learning: this thread only, never the engine's
+            if self._on_applied is not None:
+                self._on_applied(applied)
             if self._on_counters is not None and self.feedback != "engine-only":
                 self._read_counters()
             plan = self._on_graph(batch) if self._on_graph is not None else None
-            if plan is not None:
+        with self._lock:
+            if plan is not None and not self.failed:
                 self._set_plan(plan)
                 if len(self.plan_delay_ns) < 1_000_000:
                     self.plan_delay_ns[graph] = now_ns() - t1
+                    self.log_cutoff_ns[graph] = t_drain - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
             self._graph_cpu_ns.append(time.thread_time_ns() - cpu0)
@@ -280,6 +299,8 @@ class Governor:
                     del lst[:5_000]
 
     def _collect_log(self) -> None:
+        """Executor log -> bookkeeping and the controller's pending ``on_applied``
+        (fed by the planner before the next ``on_graph``). Under ``_lock``."""
         ex = self.executor
         if ex is None:
             return
@@ -291,7 +312,7 @@ class Governor:
             self.levels_used.update(lv for _, lv in pairs)
             self.applied_log.extend(pairs)
             if self._on_applied is not None:
-                self._on_applied(pairs)
+                self._pending_applied.extend(pairs)
         err = ex.error()
         if err is not None and not self.failed:
             self._fail(DeviceError(f"executor: {err}"))

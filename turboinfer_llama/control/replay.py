@@ -131,6 +131,7 @@ class _Runner:
         self.graph_begin_ns: dict[int, int] = {}
         self._live_log: list[Applied] | None = None
         self._live_begin: Mapping[int, int] = {}
+        self._live_cutoff: Mapping[int, int] = {}
 
     def _actuate(self, level: int) -> int:
         """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
@@ -181,9 +182,12 @@ class _Runner:
         self._seq += 1
         bisect.insort(self.graph_q, (self.dev.now_ns() + delay_ns, self._seq, batch))
 
-    def use_live_log(self, log: list[Applied], begin_ns: Mapping[int, int]) -> None:
+    def use_live_log(
+        self, log: list[Applied], begin_ns: Mapping[int, int], cutoff_ns: Mapping[int, int]
+    ) -> None:
         self._live_log = log
         self._live_begin = begin_ns
+        self._live_cutoff = cutoff_ns
 
     def _applied_since(self, now: int) -> list[tuple[int, int]]:
         """Switches applied since the last call: the replay executor's, or the live
@@ -215,7 +219,9 @@ class _Runner:
             _, _, batch = self.graph_q.pop(0)
             t0 = time.perf_counter_ns()
             if self.on_applied is not None:
-                self.on_applied(self._applied_since(now))
+                cut = self._live_cutoff.get(batch.graph) if self._live_log is not None else None
+                upto = batch.t_end_ns + cut if cut is not None else now
+                self.on_applied(self._applied_since(min(upto, now)))
             if self.on_counters is not None:
                 self.on_counters(self.dev.read_counters())
             plan = self.on_graph(batch) if self.on_graph is not None else None
@@ -372,6 +378,7 @@ def replay(
     counters: bool = True,
     live_applied: Sequence[Applied] | None = None,
     live_begin_ns: Mapping[int, int] | None = None,
+    live_log_cutoff_ns: Mapping[int, int] | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -394,6 +401,8 @@ def replay(
     replay's clock by each graph's DECODE_BEGIN) instead of the replay executor's own,
     so the controller sees exactly what it saw live; the replay executor's switches
     are still what the result reports, for comparing the two.
+    ``live_log_cutoff_ns``: per graph, how long after its end the live planner read
+    the executor's log (switches after that reach the controller with the next graph).
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
@@ -419,7 +428,7 @@ def replay(
     if live_applied is not None:
         if live_begin_ns is None:
             raise ValueError("live_applied needs live_begin_ns (DECODE_BEGIN per graph)")
-        r.use_live_log(list(live_applied), live_begin_ns)
+        r.use_live_log(list(live_applied), live_begin_ns, live_log_cutoff_ns or {})
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches

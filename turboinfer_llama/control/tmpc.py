@@ -110,6 +110,7 @@ class TubeMPC:
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
         self._templates: dict[str, PhaseTemplate] = {}
         self._time_scale: dict[str, float] = {}
+        self.phase = "prefill"
         self.solves = 0
         self.graphs = 0
         self.granularity = "graph"
@@ -124,16 +125,16 @@ class TubeMPC:
         # latency (debt, reference elapsed) per phase: prefill per request (TTFT),
         # decode over every request of the run (TPOT is a mean over the run)
         self._acc = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
-        self._t_end = 0  # last graph's end
-        self._t_begin = 0  # current graph's DECODE_BEGIN
-        self._idle_from: int | None = 0  # start of the idle gap, when in one
+        self._req_begins: list[int] = []  # REQUEST_BEGIN times (recent)
+        self._req_ends: list[int] = []  # REQUEST_END / IDLE times (recent)
+        self._t_end_prev: int | None = None  # end of the last graph learnt from
+        self._prev_phase = "decode"
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
 
     def _reset_request(self) -> None:
         self._acc["prefill"] = [0.0, 0.0]
-        self.phase = "prefill"
 
     @property
     def debt_ns(self) -> float:
@@ -197,31 +198,24 @@ class TubeMPC:
             self._graph_busy = counters.busy_ns - self._busy_last
         self._busy_last = counters.busy_ns
 
-    def _stall(self, kind: StallKind, dur_ns: float) -> None:
+    def _stall(self, kind: StallKind, dur_ns: float, phase: str) -> None:
         if dur_ns < 0:
             return
         self.forecast.observe(kind, dur_ns)
         self.shadow.run_stall(dur_ns)
-        self._account(self.phase, dur_ns, dur_ns)
+        self._account(phase, dur_ns, dur_ns)
 
     def on_event(self, ev: Event) -> Plan | None:
+        """Inline on the engine thread: only timestamps (and a small plan at request
+        boundaries). Everything that learns runs in :meth:`on_graph`, in the graphs'
+        order, so it does not matter whether a graph's records arrive before or after
+        the next events (a late worker)."""
         k = ev.kind
         if k is EventKind.DECODE_BEGIN:
-            if self._idle_from is None and self._last_graph_phase != "idle":
-                self._stall(StallKind.SAMPLE, ev.t_ns - self._t_end)
-            self.phase = self._last_graph_phase = "prefill" if ev.n_tokens > 1 else "decode"
-            self._t_begin = ev.t_ns
-            return None
-        if k is EventKind.DECODE_END:
-            self._t_end = ev.t_ns
+            self.phase = "prefill" if ev.n_tokens > 1 else "decode"
             return None
         if k is EventKind.REQUEST_BEGIN:
-            if self._idle_from is not None:
-                self.forecast.observe(StallKind.IDLE, ev.t_ns - self._idle_from)
-                self.shadow.run_stall(max(0, ev.t_ns - self._idle_from))
-            self._idle_from = None
-            self._reset_request()
-            self._last_graph_phase = "idle"
+            self._req_begins.append(ev.t_ns)
             lv = self._prefill_level()
             return Plan(
                 first_level=lv,
@@ -229,12 +223,29 @@ class TubeMPC:
                 switches=(Switch(Anchor.TIME, ev.t_ns, lv),),
             )
         if k in (EventKind.REQUEST_END, EventKind.IDLE):
-            if self._idle_from is None:
-                self._idle_from = ev.t_ns
-                self._last_graph_phase = "idle"
+            if not self._req_ends or self._req_ends[-1] < self._last_begin():
+                self._req_ends.append(ev.t_ns)
             # no plan for the next request's first graph; bottom level while idle
             return Plan(switches=(Switch(Anchor.TIME, ev.t_ns, 0),))
         return None
+
+    def _last_begin(self) -> int:
+        return self._req_begins[-1] if self._req_begins else -1
+
+    def _stalls_before(self, b: GraphBatch) -> None:
+        """The stall between the previous graph and this one, in the graphs' order: a
+        sampling stall inside a request, or an idle gap before a new request."""
+        prev = self._t_end_prev
+        begins = [t for t in self._req_begins if (prev is None or t > prev) and t <= b.t_begin_ns]
+        if begins:  # a new request: the idle gap before it (not part of any budget)
+            idle_from = max((t for t in self._req_ends if prev is None or t >= prev), default=None)
+            if idle_from is not None and idle_from <= begins[-1]:
+                self.forecast.observe(StallKind.IDLE, begins[-1] - idle_from)
+                self.shadow.run_stall(max(0, begins[-1] - idle_from))
+            self._reset_request()
+        elif prev is not None:
+            self._stall(StallKind.SAMPLE, b.t_begin_ns - prev, self._prev_phase)
+        del self._req_begins[:-4], self._req_ends[:-4]
 
     def plan(self, now_ns: int) -> list:
         """Timed decisions: none, tmpc's switches all go through per-graph plans."""
@@ -268,7 +279,8 @@ class TubeMPC:
         self.graphs += 1
         self.granularity = b.granularity
         phase = b.phase
-        self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns)
+        self._stalls_before(b)
+        self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns, phase)
         measured = float(b.compute_ns)
         if b.n and measured > 0:
             pm = self.model.phases[phase]
@@ -309,8 +321,9 @@ class TubeMPC:
             ref = measured
             self.shadow.run_stall(measured)
         self._account(phase, measured, ref)
-        if not self.planning:
-            return None
+        self._t_end_prev, self._prev_phase = b.t_end_ns, phase
+        if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
+            return None  # the request ended after this graph: no next graph to plan
         return self._plan_next(b.t_end_ns)
 
     # ---- the optimisation -----------------------------------------------------------

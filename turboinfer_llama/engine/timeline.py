@@ -8,6 +8,7 @@ appended. Segment boundaries are documented in docs/architecture.md.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -229,7 +230,10 @@ class Timeline:
         else:
             w = [_weight(e.op, e.shape) for e in run]
             total = sum(w)
-            shares = [int(span * x / total) for x in w]
+            # cumulative rounding: the shares add up to the measured span exactly
+            ends = list(itertools.accumulate(w))
+            cut = [0] + [int(span * c / total) for c in ends[:-1]] + [span]
+            shares = [b - a for a, b in itertools.pairwise(cut)]
             timed = False
         out = []
         t = t0
