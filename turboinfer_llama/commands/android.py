@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _settings() -> Any:
-    from ..android.settings import AdbSettings
+    from ..devices.adb_settings import AdbSettings
 
     try:
         return AdbSettings()
@@ -99,7 +99,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 def _deploy(args: argparse.Namespace) -> int:
     from ..android.deploy import deploy
-    from ..android.link import AdbLink
+    from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
     try:
@@ -117,7 +117,7 @@ def _deploy(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..android import fuelgauge
-    from ..android.link import AdbLink
+    from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
     settings = _settings()
@@ -157,8 +157,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from ..android.link import AdbLink
     from ..devices.adb import AdbShellSysfs, open_gpu, saved_state
+    from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
     settings = _settings()
@@ -193,7 +193,7 @@ def _push_run(args: argparse.Namespace) -> int:
     start = text.find("## On the phone (Termux)")
     print(text[start:] if start >= 0 else text)
     if args.push:
-        from ..android.link import AdbLink
+        from ..devices.adb_link import AdbLink
         from ..devices.base import DeviceError
 
         try:

@@ -20,8 +20,8 @@ import statistics
 from pathlib import Path
 
 from .._clock import now_ns
-from ..android.link import NO_ROOT_ADVICE, AdbLink, RootAccess, ShellSession
-from ..android.settings import AdbSettings
+from .adb_link import NO_ROOT_ADVICE, AdbLink, RootAccess, ShellSession
+from .adb_settings import AdbSettings
 from .base import (
     Counters,
     DeviceError,
@@ -33,6 +33,7 @@ from .base import (
 )
 from .devfreq import DevfreqGpu, resolve
 from .kgsl import KGSL_DIR, KgslGpu
+from .lifecycle import Closeable
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def measure_round_trip_ns(gpu: KgslGpu | DevfreqGpu, samples: int) -> list[int]:
     return times
 
 
-class AdbGpu:
+class AdbGpu(Closeable):
     """``GpuDevice`` for a phone: the inner KGSL/devfreq backend over adb."""
 
     def __init__(
@@ -237,12 +238,6 @@ class AdbGpu:
             log.error("%s", msg)
         finally:
             self.session.close()
-
-    def __enter__(self) -> AdbGpu:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _save_state(self, state: DeviceState) -> None:
         try:
