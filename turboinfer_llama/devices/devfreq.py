@@ -19,14 +19,13 @@ from .base import (
     Capabilities,
     Counters,
     DeviceError,
-    DeviceGone,
     DeviceNotFound,
     DeviceState,
     InvalidFrequency,
     Unsupported,
     snap_hz,
 )
-from .guard import RestoreGuard
+from .lifecycle import GuardedBackend
 from .sysfs_io import LocalSysfs, SysfsIO
 
 log = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class BusyIntegrator:
         return t, self.busy_ns, t - self._t0
 
 
-class DevfreqGpu:
+class DevfreqGpu(GuardedBackend):
     """A devfreq GPU at ``path`` (e.g. ``/sys/class/devfreq/17000000.ga10b``)."""
 
     def __init__(self, io: SysfsIO, path: str) -> None:
@@ -135,7 +134,7 @@ class DevfreqGpu:
             switch_latency_source=SWITCH_LATENCY_NOTE,
             notes=(f"busy source: {self.busy_source or 'none'}",),
         )
-        self._guard = RestoreGuard(lambda: self.restore(self._initial), self.name)
+        self._install_guard(lambda: self.restore(self._initial))
 
     def _f(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -214,20 +213,7 @@ class DevfreqGpu:
         if now != (state.min_hz, state.max_hz):
             self._write_range(state.min_hz, state.max_hz, now[1])
 
-    def close(self) -> None:
-        self._guard.restore()
-
-    def __enter__(self) -> DevfreqGpu:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- internals ---------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._guard.done:
-            raise DeviceGone(f"{self.name} is closed")
 
     def _userspace_active(self) -> bool:
         """Read once at open and after restore (one adb round-trip less per set_hz)."""

@@ -20,7 +20,6 @@ from .base import (
     Capabilities,
     Counters,
     DeviceError,
-    DeviceGone,
     DeviceNotFound,
     DeviceState,
     InvalidFrequency,
@@ -28,7 +27,7 @@ from .base import (
     snap_hz,
 )
 from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction
-from .guard import RestoreGuard
+from .lifecycle import GuardedBackend
 from .sysfs_io import LocalSysfs, SysfsIO, translate_os_error
 
 log = logging.getLogger(__name__)
@@ -165,7 +164,7 @@ class PerfCounters:
 # ---- the backend -----------------------------------------------------------------
 
 
-class KgslGpu:
+class KgslGpu(GuardedBackend):
     """Adreno GPU via KGSL sysfs (``base``) and, when given, the perfcounter device."""
 
     def __init__(self, io: SysfsIO, base: str = KGSL_DIR, perf: PerfCounters | None = None) -> None:
@@ -198,7 +197,7 @@ class KgslGpu:
             switch_latency_ns=SWITCH_LATENCY_ASSUMED_NS,
             switch_latency_source=SWITCH_LATENCY_NOTE,
         )
-        self._guard = RestoreGuard(self._close_now, self.name)
+        self._install_guard(self._close_now)
 
     def _f(self, name: str) -> str:
         return f"{self.base}/{name}"
@@ -292,15 +291,6 @@ class KgslGpu:
         if self._written != (int(fast), int(slow)):
             self._write_levels(fast=int(fast), slow=int(slow))
 
-    def close(self) -> None:
-        self._guard.restore()
-
-    def __enter__(self) -> KgslGpu:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- internals ---------------------------------------------------------------
 
     def _close_now(self) -> None:
@@ -309,10 +299,6 @@ class KgslGpu:
         finally:
             if self._perf is not None:
                 self._perf.close()
-
-    def _check_open(self) -> None:
-        if self._guard.done:
-            raise DeviceGone(f"{self.name} is closed")
 
     def _capped(self, hz: int) -> int:
         cap = self.thermal_cap_hz()

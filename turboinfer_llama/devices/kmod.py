@@ -38,7 +38,8 @@ from .base import (
     PermissionDenied,
     Unsupported,
 )
-from .guard import RestoreGuard
+from .lifecycle import GuardedBackend
+from .os_errors import translate
 
 log = logging.getLogger(__name__)
 
@@ -178,27 +179,29 @@ SWITCH_LATENCY_NOTE = (
 
 
 def _translate(e: OSError, path: str, action: str) -> DeviceError:
-    """OSError at the backend boundary -> our hierarchy."""
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return PermissionDenied(
-            f"cannot {action} {path}: permission denied; "
-            + _HOW_TO_GET_PERMISSION.format(path=path)
-        )
-    if e.errno == errno.EBADF:
-        return PermissionDenied(
-            f"cannot {action} {path}: the device was opened read-only; "
-            + _HOW_TO_GET_PERMISSION.format(path=path)
-        )
-    if e.errno == errno.ENOENT:
-        return DeviceNotFound(f"no {path}; {_HOW_TO_LOAD}")
-    if e.errno in (errno.ENODEV, errno.ENXIO, errno.EIO):
-        return DeviceGone(f"cannot {action} {path}: device gone ({e.strerror})")
-    if e.errno == errno.ENOTTY:
-        return Unsupported(
-            f"cannot {action} {path}: not a turboinfer device, or its module speaks "
-            f"another ABI than version {TI_ABI_VERSION}"
-        )
-    return DeviceError(f"cannot {action} {path}: {e.strerror or e}")
+    """OSError at the backend boundary -> our hierarchy (the shared errno table, with
+    this device's own advice and its own meaning of EBADF and ENOTTY)."""
+    permission = _HOW_TO_GET_PERMISSION  # a template: {path} is filled in by translate
+    return translate(
+        e,
+        path,
+        action,
+        messages={
+            PermissionDenied: "cannot {action} {path}: permission denied; " + permission,
+            DeviceNotFound: "no {path}; " + _HOW_TO_LOAD,
+        },
+        overrides={
+            errno.EBADF: (
+                PermissionDenied,
+                "cannot {action} {path}: the device was opened read-only; " + permission,
+            ),
+            errno.ENOTTY: (
+                Unsupported,
+                "cannot {action} {path}: not a turboinfer device, or its module speaks "
+                f"another ABI than version {TI_ABI_VERSION}",
+            ),
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +239,7 @@ def parse_samples(data: bytes) -> list[Sample]:
     ]
 
 
-class KmodDevice:
+class KmodDevice(GuardedBackend):
     """A devfreq GPU driven through ``/dev/turboinfer``.
 
     ``ioctl`` is injectable (tests pass a fake implementing the ABI in Python); it is
@@ -291,7 +294,7 @@ class KmodDevice:
             switch_latency_source=SWITCH_LATENCY_NOTE,
             notes=tuple(notes),
         )
-        self._guard = RestoreGuard(self._close_now, self.name)
+        self._install_guard(self._close_now)
 
     # ---- ioctl plumbing ----------------------------------------------------------
 
@@ -394,15 +397,6 @@ class KmodDevice:
         elif self._pinned is not None:
             self.release()
 
-    def close(self) -> None:
-        self._guard.restore()
-
-    def __enter__(self) -> KmodDevice:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- sampler -----------------------------------------------------------------
 
     def start_sampler(self, period_ns: int) -> None:
@@ -442,9 +436,12 @@ class KmodDevice:
 
     # ---- internals ---------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._fd < 0:
-            raise DeviceGone(f"{self.path} is closed")
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def _closed_label(self) -> str:
+        return self.path
 
     def _note_latency(self, dt_ns: int) -> None:
         """Keep capabilities.switch_latency_ns at the median of recent TI_SET_FREQ times
