@@ -157,7 +157,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from ..devices.adb import AdbShellSysfs, open_gpu, saved_state
+    from ..devices.adb import restore_phone, saved_state
     from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
@@ -165,20 +165,11 @@ def _restore(args: argparse.Namespace) -> int:
     try:
         link = AdbLink(args.serial, settings)
         path, state = saved_state(link.serial, settings)
-        session = link.open_session(as_root=True)
-        try:
-            gpu = open_gpu(AdbShellSysfs(session, link.root_access()))
-            gpu.close()  # releases its guard first: it would put back today's pinned state
-            gpu.restore(state)
-        finally:
-            session.close()
+        done = restore_phone(link.serial, state, settings)
     except DeviceError as e:
         raise CliError(str(e)) from e
     path.unlink()
-    print(
-        f"{link.serial}: GPU restored to governor {state.governor}, "
-        f"{state.min_hz / 1e6:g}-{state.max_hz / 1e6:g} MHz"
-    )
+    print(done)
     return 0
 
 

@@ -26,6 +26,7 @@ from .base import (
     snap_hz,
 )
 from .lifecycle import GuardedBackend
+from .owner import Ownership, local_ownership, take
 from .sysfs_io import LocalSysfs, SysfsIO
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,9 @@ class BusyIntegrator:
 class DevfreqGpu(GuardedBackend):
     """A devfreq GPU at ``path`` (e.g. ``/sys/class/devfreq/17000000.ga10b``)."""
 
-    def __init__(self, io: SysfsIO, path: str) -> None:
+    def __init__(self, io: SysfsIO, path: str, *, own: bool | None = None) -> None:
+        """``own``: take the GPU (lock, state file, guardian; default: on a local
+        tree). False reads and restores without owning (``probe``, ``restore``)."""
         self.io = io
         self.path = path.rstrip("/")
         if not io.exists(self._f("available_frequencies")):
@@ -118,10 +121,37 @@ class DevfreqGpu(GuardedBackend):
         self._levels = _parse_levels(io.read(self._f("available_frequencies")))
         if not self._levels:
             raise Unsupported(f"{self.path}/available_frequencies lists no frequencies")
+        self._last_max_hz: int | None = None
+        self._last_written: tuple[int, int] | None = None
+        self._read_back = isinstance(io, LocalSysfs)
+        ownership = self._take_ownership(own)
+        try:
+            self._setup()
+        except BaseException:
+            if ownership is not None:
+                ownership.release(restored=True)
+            raise
+        if ownership is not None:
+            ownership.hold(self._initial)
+        self._install_guard(lambda: self.restore(self._initial), ownership)
+
+    def _take_ownership(self, own: bool | None) -> Ownership | None:
+        """Lock the GPU and put back what a dead owner left, before our snapshot."""
+        if own is False or not isinstance(self.io, LocalSysfs):
+            return None
+        if not (self.io.writable(self._f("min_freq")) and self.io.writable(self._f("max_freq"))):
+            return None  # read-only: we cannot pin it, so there is nothing to guard
+        ownership = local_ownership(
+            "devfreq", self.name, str(self.io.root), self.path, self.io.real_path(self.path)
+        )
+        self._userspace = False
+        return take(ownership, self.restore)
+
+    def _setup(self) -> None:
+        io = self.io
         self._initial = self.snapshot()
         # A max below the table's top at open was set by someone else: honour it.
         self._cap_hz = self._initial.max_hz
-        self._last_max_hz: int | None = None
         self._userspace = self._userspace_active()
         readers = _busy_readers(io, self.path)
         self.busy_source = readers[0][0] if readers else None
@@ -134,7 +164,6 @@ class DevfreqGpu(GuardedBackend):
             switch_latency_source=SWITCH_LATENCY_NOTE,
             notes=(f"busy source: {self.busy_source or 'none'}",),
         )
-        self._install_guard(lambda: self.restore(self._initial))
 
     def _f(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -236,8 +265,29 @@ class DevfreqGpu(GuardedBackend):
             self._cap_hz = min(self._cap_hz, observed)
         return observed
 
+    def rebase(self) -> None:
+        """Take the state now as the one to put back on close (after the caller put
+        back a state that a dead owner left)."""
+        self._initial = self.snapshot()
+        self._cap_hz = self._initial.max_hz
+
+    def health(self) -> dict[str, object]:
+        """Foreign writes seen, lock, state file and guardian (for stats())."""
+        return {**self.foreign_write_health(), **self.ownership_health()}
+
     def _write_range(self, lo: int, hi: int, current_max: int) -> None:
-        """Write min and max in an order that never makes min > max on the way."""
+        """Write min and max in an order that never makes min > max on the way. On a
+        local tree, read back before (did someone change what we wrote last?) and
+        after (did our write stick?): foreign writes are logged and counted, not
+        fought."""
+        if self._read_back and self._last_written is not None:
+            now = (self._read_int("min_freq"), self._read_int("max_freq"))
+            if now != self._last_written:
+                self._note_foreign_write(
+                    f"min/max changed to {now[0]}-{now[1]} Hz since we wrote "
+                    f"{self._last_written[0]}-{self._last_written[1]} Hz"
+                )
+            current_max = now[1]
         if lo > current_max:
             self.io.write(self._f("max_freq"), str(hi))
             self.io.write(self._f("min_freq"), str(lo))
@@ -245,6 +295,14 @@ class DevfreqGpu(GuardedBackend):
             self.io.write(self._f("min_freq"), str(lo))
             self.io.write(self._f("max_freq"), str(hi))
         self._last_max_hz = hi
+        self._last_written = (lo, hi)
+        if self._read_back:
+            back = (self._read_int("min_freq"), self._read_int("max_freq"))
+            if back != (lo, hi):
+                self._note_foreign_write(
+                    f"wrote min/max {lo}-{hi} Hz, read back {back[0]}-{back[1]} Hz"
+                )
+                self._last_written = back
 
 
 def find_gpu_devfreq(io: SysfsIO) -> list[str]:

@@ -28,6 +28,7 @@ from .base import (
 )
 from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction
 from .lifecycle import GuardedBackend
+from .owner import Ownership, local_ownership, take
 from .sysfs_io import LocalSysfs, SysfsIO, translate_os_error
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,16 @@ class PerfCounters:
 class KgslGpu(GuardedBackend):
     """Adreno GPU via KGSL sysfs (``base``) and, when given, the perfcounter device."""
 
-    def __init__(self, io: SysfsIO, base: str = KGSL_DIR, perf: PerfCounters | None = None) -> None:
+    def __init__(
+        self,
+        io: SysfsIO,
+        base: str = KGSL_DIR,
+        perf: PerfCounters | None = None,
+        *,
+        own: bool | None = None,
+    ) -> None:
+        """``own``: take the GPU (lock, state file, guardian; default: on a local
+        tree). False reads and restores without owning (``probe``, ``restore``)."""
         self.io = io
         self.base = base.rstrip("/")
         if not io.exists(self._f("gpu_available_frequencies")):
@@ -185,11 +195,15 @@ class KgslGpu(GuardedBackend):
             if io.exists(self._f("gpubusy"))
             else None
         )
-        self._initial = self.snapshot()
-        self._written: tuple[int, int] = (
-            self._initial.extra["max_pwrlevel"],
-            self._initial.extra["min_pwrlevel"],
-        )
+        self._read_back = isinstance(io, LocalSysfs)
+        self._written: tuple[int, int] = (0, len(levels) - 1)
+        ownership = self._take_ownership(own)
+        try:
+            self.rebase()
+        except BaseException:
+            if ownership is not None:
+                ownership.release(restored=True)
+            raise
         self.capabilities = Capabilities(
             can_set=io.writable(self._f("min_pwrlevel")) and io.writable(self._f("max_pwrlevel")),
             has_pmu=perf is not None,
@@ -197,7 +211,38 @@ class KgslGpu(GuardedBackend):
             switch_latency_ns=SWITCH_LATENCY_ASSUMED_NS,
             switch_latency_source=SWITCH_LATENCY_NOTE,
         )
-        self._install_guard(self._close_now)
+        if ownership is not None:
+            ownership.hold(self._initial)
+        self._install_guard(self._close_now, ownership)
+
+    def _take_ownership(self, own: bool | None) -> Ownership | None:
+        """Lock the GPU and put back what a dead owner left, before our snapshot.
+        The lock is named after KGSL's devfreq node, so ``devfreq`` on the same GPU
+        takes the same lock."""
+        if own is False or not isinstance(self.io, LocalSysfs):
+            return None
+        if not (
+            self.io.writable(self._f("min_pwrlevel")) and self.io.writable(self._f("max_pwrlevel"))
+        ):
+            return None  # read-only: we cannot pin it, so there is nothing to guard
+        node = self._f("devfreq") if self.io.exists(self._f("devfreq")) else self.base
+        ownership = local_ownership(
+            "kgsl", self.name, str(self.io.root), self.base, self.io.real_path(node)
+        )
+        return take(ownership, self.restore)
+
+    def rebase(self) -> None:
+        """Take the state now as the one to put back on close (at open, and after the
+        caller put back a state that a dead owner left)."""
+        self._initial = self.snapshot()
+        self._written = (
+            self._initial.extra["max_pwrlevel"],
+            self._initial.extra["min_pwrlevel"],
+        )
+
+    def health(self) -> dict[str, object]:
+        """Foreign writes seen, lock, state file and guardian (for stats())."""
+        return {**self.foreign_write_health(), **self.ownership_health()}
 
     def _f(self, name: str) -> str:
         return f"{self.base}/{name}"
@@ -310,7 +355,17 @@ class KgslGpu(GuardedBackend):
     def _write_levels(self, *, fast: int, slow: int) -> None:
         """Write max_pwrlevel (fastest allowed) and min_pwrlevel (slowest allowed) in an
         order that never has max_pwrlevel > min_pwrlevel on the way. We remember what we
-        wrote instead of reading it back (one adb round-trip less per set_hz)."""
+        wrote instead of reading it back (one adb round-trip less per set_hz); on a
+        local tree we read back before and after to see foreign writes (counted and
+        logged, not fought)."""
+        if self._read_back:
+            now = self._levels_now()
+            if now != self._written:
+                self._note_foreign_write(
+                    f"pwrlevels changed to max {now[0]}/min {now[1]} since we wrote "
+                    f"max {self._written[0]}/min {self._written[1]}"
+                )
+                self._written = now
         if fast <= self._written[0]:
             self.io.write(self._f("max_pwrlevel"), str(fast))
             self.io.write(self._f("min_pwrlevel"), str(slow))
@@ -318,6 +373,16 @@ class KgslGpu(GuardedBackend):
             self.io.write(self._f("min_pwrlevel"), str(slow))
             self.io.write(self._f("max_pwrlevel"), str(fast))
         self._written = (fast, slow)
+        if self._read_back:
+            back = self._levels_now()
+            if back != (fast, slow):
+                self._note_foreign_write(
+                    f"wrote max {fast}/min {slow} pwrlevels, read back max {back[0]}/min {back[1]}"
+                )
+                self._written = back
+
+    def _levels_now(self) -> tuple[int, int]:
+        return (self._read_int(self._f("max_pwrlevel")), self._read_int(self._f("min_pwrlevel")))
 
 
 def _open_perf(root: str) -> PerfCounters | None:

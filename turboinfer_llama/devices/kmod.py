@@ -40,6 +40,7 @@ from .base import (
 )
 from .lifecycle import GuardedBackend
 from .os_errors import translate
+from .owner import Ownership, take
 
 log = logging.getLogger(__name__)
 
@@ -248,10 +249,34 @@ class KmodDevice(GuardedBackend):
 
     _LATENCY_WINDOW = 64
 
-    def __init__(self, path: str = DEFAULT_PATH, *, ioctl: IoctlFn = fcntl.ioctl) -> None:
+    def __init__(
+        self, path: str = DEFAULT_PATH, *, ioctl: IoctlFn = fcntl.ioctl, own: bool = True
+    ) -> None:
+        """``own``: take the GPU's lock and state file and start the guardian (a
+        second line: the kernel itself drops our requests when the fd closes)."""
         self.path = path
         self._ioctl_fn = ioctl
         self._fd = -1
+        self.name = f"kmod:{path}"  # until the module names its GPU
+        ownership = self._take_ownership() if own else None
+        try:
+            self._open_device()
+        except BaseException:
+            if ownership is not None:
+                ownership.release(restored=True)
+            raise
+        if ownership is not None:
+            ownership.name = self.name
+            ownership.hold(self.snapshot())
+        self._install_guard(self._close_now, ownership)
+
+    def _take_ownership(self) -> Ownership | None:
+        ownership = Ownership("kmod", self.name, os.path.realpath(self.path), {"path": self.path})
+        # Nothing to put back for a dead owner: its requests died with its fd.
+        return take(ownership, lambda _state: None)
+
+    def _open_device(self) -> None:
+        path = self.path
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
@@ -294,7 +319,6 @@ class KmodDevice(GuardedBackend):
             switch_latency_source=SWITCH_LATENCY_NOTE,
             notes=tuple(notes),
         )
-        self._install_guard(self._close_now)
 
     # ---- ioctl plumbing ----------------------------------------------------------
 
@@ -442,6 +466,10 @@ class KmodDevice(GuardedBackend):
 
     def _closed_label(self) -> str:
         return self.path
+
+    def health(self) -> dict[str, object]:
+        """Lock, state file and guardian (for stats())."""
+        return self.ownership_health()
 
     def _note_latency(self, dt_ns: int) -> None:
         """Keep capabilities.switch_latency_ns at the median of recent TI_SET_FREQ times

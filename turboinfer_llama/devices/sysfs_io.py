@@ -63,6 +63,10 @@ class LocalSysfs:
     def _p(self, path: str) -> Path:
         return self.root / path.lstrip("/")
 
+    def real_path(self, path: str) -> str:
+        """The file's real path on this machine (symlinks resolved): names its lock."""
+        return os.path.realpath(self._p(path))
+
     def read(self, path: str) -> str:
         try:
             return self._p(path).read_text().strip()
