@@ -283,3 +283,36 @@ def test_foreign_writes_are_counted_not_fought(tmp_path) -> None:
         write(paths["kgsl"] / "max_pwrlevel", 2)  # thermal-engine
         gpu.set_hz(490_000_000)
         assert gpu.health()["foreign_writes"] == 1
+
+
+DECODE_CHILD = """
+import sys
+root_node, model = sys.argv[1], sys.argv[2]
+from turboinfer_llama import Llama
+llm = Llama(model_path=model, n_ctx=512, n_batch=512, n_ubatch=512, verbose=False, seed=1,
+            power={"device": "devfreq:" + root_node, "controller": "max"})
+toks = llm.tokenize(b"hello world " * 80)[:480]
+llm.eval(toks[:8])  # the controller has pinned the clock by now
+print("READY", llm.power.stats()["energy"]["health"]["ok"], flush=True)
+while True:  # one 480-token llama_decode after another: nearly all the time in C
+    llm.reset()
+    llm.eval(toks)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_signal_during_a_long_decode(tmp_path, _state_dir, tiny_gguf, sig) -> None:
+    """SIGKILL mid-``llama_decode``: the guardian restores. SIGTERM: Python's handler
+    runs once the C call returns, and the restore guard puts the clock back."""
+    paths = make_jetson_orin(tmp_path)
+    node = str(paths["devfreq"])
+    proc, (ok,) = spawn(DECODE_CHILD, node, str(tiny_gguf))
+    assert ok == "True"
+    assert devfreq_range(paths) == ("1300500000", "1300500000")  # "max" pinned the top
+    time.sleep(0.3)  # well inside the decode loop
+    took = kill_and_time(
+        proc,
+        sig,
+        lambda: devfreq_range(paths) == ("306000000", "1300500000") and _no_state_files(_state_dir),
+    )
+    print(f"decode {signal.Signals(sig).name}: restored {took * 1e3:.0f} ms after death")
