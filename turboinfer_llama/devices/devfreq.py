@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from .._clock import now_ns
 from .base import (
+    BadCounters,
     Capabilities,
+    CounterCheck,
     Counters,
     DeviceError,
     DeviceNotFound,
@@ -68,7 +70,7 @@ def _busy_readers(io: SysfsIO, path: str) -> list[tuple[str, BusyReader]]:
 
     def add(name: str, file: str, parse: Callable[[str], float]) -> None:
         if io.exists(file):
-            found.append((f"{name} ({file})", lambda: parse(io.read(file))))
+            found.append((f"{name} ({file})", lambda: parse_busy(file, io.read(file), parse)))
 
     # Jetson (nvgpu): per-mille load of the GPU platform device.
     add("jetson load", posixpath.join(path, "device", "load"), lambda s: int(s) / 1000.0)
@@ -83,8 +85,22 @@ def _busy_readers(io: SysfsIO, path: str) -> list[tuple[str, BusyReader]]:
     return found
 
 
+def parse_busy(file: str, text: str, parse: Callable[[str], float]) -> float:
+    """A busy fraction in 0..1, or ``BadCounters`` for anything else."""
+    try:
+        fraction = parse(text)
+    except (ValueError, IndexError, ZeroDivisionError) as e:
+        raise BadCounters(f"{file}: unreadable busy value {text!r}") from e
+    if not 0.0 <= fraction <= 1.0:
+        raise BadCounters(f"{file}: busy value {text!r} is outside 0..100%")
+    return fraction
+
+
 def kgsl_gpubusy_fraction(text: str) -> float:
+    """KGSL's ``gpubusy`` ("busy total" of the last window); "0 0" is an idle window."""
     busy, total = (int(x) for x in text.split()[:2])
+    if busy < 0 or total < 0:
+        raise ValueError("negative")
     return busy / total if total > 0 else 0.0
 
 
@@ -101,7 +117,7 @@ class BusyIntegrator:
     def read(self) -> tuple[int, int, int]:
         """(ts_ns, busy_ns, total_ns) since creation."""
         t = now_ns()
-        fraction = min(max(self._reader(), 0.0), 1.0)
+        fraction = self._reader()
         self.busy_ns += round((t - self._last) * fraction)
         self._last = t
         return t, self.busy_ns, t - self._t0
@@ -156,6 +172,7 @@ class DevfreqGpu(GuardedBackend):
         readers = _busy_readers(io, self.path)
         self.busy_source = readers[0][0] if readers else None
         self._busy = BusyIntegrator(readers[0][1]) if readers else None
+        self._counter_check = CounterCheck(self.name)
         self.capabilities = Capabilities(
             can_set=io.writable(self._f("min_freq")) and io.writable(self._f("max_freq")),
             has_pmu=False,
@@ -225,7 +242,7 @@ class DevfreqGpu(GuardedBackend):
                 "device/utilization, gpu_busy, gpubusy, load)"
             )
         ts, busy, total = self._busy.read()
-        return Counters(ts, busy, total, None, self.current_hz())
+        return self._counter_check.check(Counters(ts, busy, total, None, self.current_hz()))
 
     def snapshot(self) -> DeviceState:
         return DeviceState(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .base import (
     Capabilities,
+    CounterCheck,
     Counters,
     DeviceError,
     DeviceNotFound,
@@ -26,7 +27,7 @@ from .base import (
     Unsupported,
     snap_hz,
 )
-from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction
+from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction, parse_busy
 from .lifecycle import GuardedBackend
 from .owner import Ownership, local_ownership, take
 from .sysfs_io import LocalSysfs, SysfsIO, translate_os_error
@@ -190,11 +191,13 @@ class KgslGpu(GuardedBackend):
         # KGSL numbers power levels from the fastest: level 0 = highest clock.
         self._by_level = sorted(levels, reverse=True)
         self._perf = perf
+        gpubusy = self._f("gpubusy")
         self._busy = (
-            BusyIntegrator(lambda: kgsl_gpubusy_fraction(io.read(self._f("gpubusy"))))
-            if io.exists(self._f("gpubusy"))
+            BusyIntegrator(lambda: parse_busy(gpubusy, io.read(gpubusy), kgsl_gpubusy_fraction))
+            if io.exists(gpubusy)
             else None
         )
+        self._counter_check = CounterCheck(self.name)
         self._read_back = isinstance(io, LocalSysfs)
         self._written: tuple[int, int] = (0, len(levels) - 1)
         ownership = self._take_ownership(own)
@@ -311,7 +314,7 @@ class KgslGpu(GuardedBackend):
             raise Unsupported(f"{self.base}/gpubusy is missing: no busy counter")
         ts, busy, total = self._busy.read()
         instructions = self._perf.read()[0] if self._perf is not None else None
-        return Counters(ts, busy, total, instructions, self.current_hz())
+        return self._counter_check.check(Counters(ts, busy, total, instructions, self.current_hz()))
 
     def snapshot(self) -> DeviceState:
         slow = self._read_int(self._f("min_pwrlevel"))

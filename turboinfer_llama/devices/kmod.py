@@ -29,6 +29,7 @@ from typing import Any
 from .._clock import now_ns
 from .base import (
     Capabilities,
+    CounterCheck,
     Counters,
     DeviceError,
     DeviceGone,
@@ -279,8 +280,13 @@ class KmodDevice(GuardedBackend):
         path = self.path
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            st = os.fstat(self._fd)
         except OSError as e:
             raise _translate(e, path, "open") from e
+        # What our fd is: if someone closes it under us, the number may come back as
+        # another file, and its errors would be misread.
+        self._fd_id = (st.st_dev, st.st_ino, st.st_rdev)
+        self._counter_check = CounterCheck(f"kmod:{path}")
         try:
             info = self._info()
             if info.abi_version != TI_ABI_VERSION:
@@ -328,7 +334,23 @@ class KmodDevice(GuardedBackend):
         try:
             self._ioctl_fn(self._fd, request, arg, True)
         except OSError as e:
-            raise _translate(e, self.path, action) from e
+            raise self._os_error(e, action) from e
+
+    def _fd_lost(self) -> bool:
+        """Was our fd closed under us (or now names another file)?"""
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino, st.st_rdev) != self._fd_id
+
+    def _os_error(self, e: OSError, action: str) -> DeviceError:
+        if self._fd >= 0 and self._fd_lost():
+            return DeviceGone(
+                f"cannot {action} {self.path}: our file descriptor {self._fd} was closed "
+                "under us (by other code in this process); the kernel dropped our requests"
+            )
+        return _translate(e, self.path, action)
 
     def _info(self) -> TiInfo:
         info = TiInfo()
@@ -368,7 +390,7 @@ class KmodDevice(GuardedBackend):
         except OSError as e:
             if e.errno in (errno.EINVAL, errno.ERANGE):
                 raise self._invalid(e, f"{hz} Hz") from e
-            raise _translate(e, self.path, "set the clock of") from e
+            raise self._os_error(e, "set the clock of") from e
         self._note_latency(int(req.t_ns) - t0_ns)
         self._pinned = (int(req.target_hz), int(req.target_hz))
         return int(req.applied_hz)
@@ -383,7 +405,7 @@ class KmodDevice(GuardedBackend):
         except OSError as e:
             if e.errno in (errno.EINVAL, errno.ERANGE):
                 raise self._invalid(e, f"range {min_hz}-{max_hz} Hz") from e
-            raise _translate(e, self.path, "set the range of") from e
+            raise self._os_error(e, "set the range of") from e
         self._pinned = (int(req.applied_min_hz), int(req.applied_max_hz))
 
     def release(self) -> None:
@@ -395,12 +417,14 @@ class KmodDevice(GuardedBackend):
     def read_counters(self) -> Counters:
         self._check_open()
         st = self._stats()
-        return Counters(
-            ts_ns=int(st.t_ns),
-            busy_ns=int(st.busy_ns) - self._busy0,
-            total_ns=int(st.total_ns) - self._total0,
-            instructions=int(st.instructions) if st.flags & TI_STATS_F_PMU else None,
-            freq_hz=int(st.cur_freq_hz),
+        return self._counter_check.check(
+            Counters(
+                ts_ns=int(st.t_ns),
+                busy_ns=int(st.busy_ns) - self._busy0,
+                total_ns=int(st.total_ns) - self._total0,
+                instructions=int(st.instructions) if st.flags & TI_STATS_F_PMU else None,
+                freq_hz=int(st.cur_freq_hz),
+            )
         )
 
     def stats(self) -> TiStats:
@@ -455,7 +479,7 @@ class KmodDevice(GuardedBackend):
         except OSError as e:
             if e.errno == errno.EAGAIN:
                 return []
-            raise _translate(e, self.path, "read samples from") from e
+            raise self._os_error(e, "read samples from") from e
         return parse_samples(data)
 
     # ---- internals ---------------------------------------------------------------
@@ -490,12 +514,20 @@ class KmodDevice(GuardedBackend):
     def _close_now(self) -> None:
         if self._fd < 0:
             return
+        lost = self._fd_lost()
         try:
-            if self._sampling:
-                self._call(TI_SAMPLE_CONFIG, TiSampleConfig(), "stop the sampler of")
-            self._call(TI_RELEASE, 0, "release")
+            if lost:
+                # Closing the fd dropped our requests in the kernel: nothing to undo.
+                log.warning(
+                    "%s: fd closed under us; the kernel already dropped our requests", self.path
+                )
+            else:
+                if self._sampling:
+                    self._call(TI_SAMPLE_CONFIG, TiSampleConfig(), "stop the sampler of")
+                self._call(TI_RELEASE, 0, "release")
         finally:
-            os.close(self._fd)
+            if not lost:
+                os.close(self._fd)
             self._fd = -1
             self._pinned = None
             self._sampling = False
