@@ -121,15 +121,15 @@ class CounterCheck:
     def check(self, c: Counters) -> Counters:
         """``c``, or ``BadCounters`` saying what is wrong with it."""
         why = None
-        if c.busy_ns < 0 or c.total_ns < 0:
+        prev = self.last
+        if prev is not None and c.ts_ns < prev.ts_ns:
+            why = f"time went backwards ({prev.ts_ns} -> {c.ts_ns} ns)"
+        elif c.busy_ns < 0 or c.total_ns < 0:
             why = f"negative busy/total ({c.busy_ns}/{c.total_ns} ns)"
         elif c.busy_ns > c.total_ns:
             why = f"busy {c.busy_ns} ns above total {c.total_ns} ns (wrapped?)"
-        elif self.last is not None:
-            prev = self.last
-            if c.ts_ns < prev.ts_ns:
-                why = f"time went backwards ({prev.ts_ns} -> {c.ts_ns} ns)"
-            elif c.busy_ns < prev.busy_ns or c.total_ns < prev.total_ns:
+        elif prev is not None:
+            if c.busy_ns < prev.busy_ns or c.total_ns < prev.total_ns:
                 why = (
                     f"cumulative counters went backwards (busy {prev.busy_ns} -> "
                     f"{c.busy_ns}, total {prev.total_ns} -> {c.total_ns} ns; wrapped or reset)"

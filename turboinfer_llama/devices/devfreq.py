@@ -272,13 +272,16 @@ class DevfreqGpu(GuardedBackend):
         return below[-1] if below else self._levels[0]
 
     def _observe_max(self) -> int:
-        """Read max_freq; if it is lower than we wrote, a thermal or QoS cap came in
-        since: honour it from now on."""
+        """Read max_freq; if it is not what we wrote, someone else (a thermal daemon,
+        a QoS cap) set a ceiling since: honour it from now on (never go above it)."""
         observed = self._read_int("max_freq")
-        if self._last_max_hz is not None and observed < self._last_max_hz:
-            log.info(
-                "%s: max_freq lowered to %d Hz by someone else; honouring it", self.name, observed
-            )
+        if self._last_max_hz is not None and observed != self._last_max_hz:
+            if observed < self._cap_hz:
+                log.info(
+                    "%s: max_freq set to %d Hz by someone else; honouring it as a cap",
+                    self.name,
+                    observed,
+                )
             self._cap_hz = min(self._cap_hz, observed)
         return observed
 

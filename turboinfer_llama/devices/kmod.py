@@ -522,9 +522,13 @@ class KmodDevice(GuardedBackend):
                     "%s: fd closed under us; the kernel already dropped our requests", self.path
                 )
             else:
-                if self._sampling:
-                    self._call(TI_SAMPLE_CONFIG, TiSampleConfig(), "stop the sampler of")
-                self._call(TI_RELEASE, 0, "release")
+                try:
+                    if self._sampling:
+                        self._call(TI_SAMPLE_CONFIG, TiSampleConfig(), "stop the sampler of")
+                    self._call(TI_RELEASE, 0, "release")
+                except DeviceGone as e:
+                    # The module is gone or dying: closing the fd ends our requests.
+                    log.warning("%s; closing the fd drops our requests", e)
         finally:
             if not lost:
                 os.close(self._fd)
