@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import shlex
 import statistics
 from pathlib import Path
@@ -33,6 +34,7 @@ from .base import (
 from .devfreq import DevfreqGpu, resolve
 from .kgsl import KGSL_DIR, KgslGpu
 from .lifecycle import Closeable
+from .os_errors import ERRNO_CLASSES
 from .owner import Ownership
 from .state import read_record
 
@@ -66,6 +68,10 @@ class AdbShellSysfs:
             return DeviceNotFound(f"cannot {where}: no such file")
         if "Invalid argument" in text:
             return InvalidFrequency(f"cannot {where}: the kernel rejected the value ({text})")
+        # Other errno texts from the phone's shell: the same table as local sysfs.
+        for code, cls in ERRNO_CLASSES.items():
+            if os.strerror(code) in text:
+                return cls(f"cannot {where}: {text}")
         return DeviceError(f"cannot {where}: {text or 'failed'}")
 
     def read(self, path: str) -> str:
