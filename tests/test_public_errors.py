@@ -13,6 +13,7 @@ def test_errors_are_exported_with_their_hierarchy() -> None:
     for sub in (ti.PermissionDenied, ti.DeviceNotFound, ti.InvalidFrequency, ti.DeviceGone):
         assert issubclass(sub, ti.DeviceError)
     assert issubclass(ti.Unsupported, ti.DeviceError)
+    assert issubclass(ti.DeviceBusy, ti.DeviceError) and issubclass(ti.BadCounters, ti.DeviceError)
     assert issubclass(ti.InvalidDeviceSpec, ti.DeviceError)
     for value_error in (
         ti.InvalidDeviceSpec,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .devices import InvalidDeviceSpec
 from .devices.base import (
+    BadCounters,
     DeviceError,
     DeviceGone,
     DeviceNotFound,
@@ -23,6 +24,7 @@ from .devices.base import (
     PermissionDenied,
     Unsupported,
 )
+from .devices.owner import DeviceBusy
 from .power.base import InvalidMeterSpec
 from .settings import PowerSettings
 
@@ -51,6 +53,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BadCounters",
+    "DeviceBusy",
     "DeviceError",
     "DeviceGone",
     "DeviceNotFound",

@@ -128,12 +128,11 @@ class CounterCheck:
             why = f"negative busy/total ({c.busy_ns}/{c.total_ns} ns)"
         elif c.busy_ns > c.total_ns:
             why = f"busy {c.busy_ns} ns above total {c.total_ns} ns (wrapped?)"
-        elif prev is not None:
-            if c.busy_ns < prev.busy_ns or c.total_ns < prev.total_ns:
-                why = (
-                    f"cumulative counters went backwards (busy {prev.busy_ns} -> "
-                    f"{c.busy_ns}, total {prev.total_ns} -> {c.total_ns} ns; wrapped or reset)"
-                )
+        elif prev is not None and (c.busy_ns < prev.busy_ns or c.total_ns < prev.total_ns):
+            why = (
+                f"cumulative counters went backwards (busy {prev.busy_ns} -> "
+                f"{c.busy_ns}, total {prev.total_ns} -> {c.total_ns} ns; wrapped or reset)"
+            )
         if why is not None:
             raise BadCounters(f"{self.name}: bad counter reading: {why}")
         self.last = c
