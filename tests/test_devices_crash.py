@@ -316,3 +316,27 @@ def test_signal_during_a_long_decode(tmp_path, _state_dir, tiny_gguf, sig) -> No
         lambda: devfreq_range(paths) == ("306000000", "1300500000") and _no_state_files(_state_dir),
     )
     print(f"decode {signal.Signals(sig).name}: restored {took * 1e3:.0f} ms after death")
+
+
+FORK_CHILD = """
+import os, sys
+from turboinfer_llama.devices import open_device
+root = sys.argv[1]
+gpu = open_device("devfreq", root=root)
+gpu.set_hz(510_000_000)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the child's atexit must not put the parent's GPU back
+os.waitpid(pid, 0)
+node = root + "/sys/class/devfreq/17000000.ga10b/"
+still = open(node + "min_freq").read().strip()
+gpu.close()
+print("READY", still, open(node + "min_freq").read().strip(), flush=True)
+"""
+
+
+def test_a_forked_child_never_restores_its_parents_gpu(tmp_path) -> None:
+    make_jetson_orin(tmp_path)
+    proc, (during, after) = spawn(FORK_CHILD, str(tmp_path))
+    proc.communicate()
+    assert (during, after) == ("510000000", "306000000")

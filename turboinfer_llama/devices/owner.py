@@ -15,15 +15,25 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .base import DeviceError, DeviceState
-from .state import CrashSafetySettings, StateRecord, device_key, read_record, write_record
+from .state import (
+    HELD_HERE,
+    CrashSafetySettings,
+    StateRecord,
+    device_key,
+    pid_alive,
+    read_record,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
 
+HANDOVER_WAIT_S = 3.0
 _warned_guardian = False
 
 
@@ -75,17 +85,25 @@ class DeviceLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise StateDirUnusable(f"cannot create the lock file {self.path}: {e.strerror}") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = lock_holder(self.path)
-            who = _describe_pid(holder) if holder else "another process"
-            raise DeviceBusy(
-                f"{self.name} is being steered by {who} (lock {self.path}); stop that "
-                "process first: two controllers on one GPU would fight",
-                holder,
-            ) from None
+        deadline = time.monotonic() + HANDOVER_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = lock_holder(self.path)
+                # The holder on record is dead: a guardian is putting its GPU back
+                # (tens of ms); wait for it rather than refuse.
+                if holder is not None and not pid_alive(holder) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                os.close(fd)
+                who = _describe_pid(holder) if holder else "another process"
+                raise DeviceBusy(
+                    f"{self.name} is being steered by {who} (lock {self.path}); stop "
+                    "that process first: two controllers on one GPU would fight",
+                    holder,
+                ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -168,6 +186,7 @@ class Ownership:
         try:
             write_record(self.record_path, record)
             self.recorded = True
+            HELD_HERE.add(str(self.record_path))
         except OSError as e:
             self._warn(f"cannot keep the GPU state of {self.name} in {self.record_path}: {e}")
         if not self.use_guardian:
@@ -205,6 +224,7 @@ class Ownership:
 
     def release(self, *, restored: bool) -> None:
         """Stop the guardian; remove the state file if the state is back; unlock."""
+        HELD_HERE.discard(str(self.record_path))
         try:
             if self.guardian is not None:
                 self.guardian.stop()

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 
+# State files this process holds now (its own open devices), by path.
+HELD_HERE: set[str] = set()
+
 
 def _default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
@@ -138,10 +141,6 @@ class StateRecord:
         )
 
     @property
-    def owner_alive(self) -> bool:
-        return self.pid != os.getpid() and pid_alive(self.pid)
-
-    @property
     def stale(self) -> bool:
         """Written before the last reboot (which reset the GPU)."""
         now = boot_id()
@@ -213,6 +212,13 @@ def records(directory: Path | None = None) -> list[tuple[Path, StateRecord]]:
     return found
 
 
+def owner_alive(path: Path, rec: StateRecord) -> bool:
+    """Does the process that wrote ``path`` still hold it?"""
+    if rec.pid == os.getpid():
+        return str(path) in HELD_HERE
+    return pid_alive(rec.pid)
+
+
 def leftovers(directory: Path | None = None) -> list[tuple[Path, StateRecord]]:
     """State files whose owner is gone: a GPU may still be pinned."""
-    return [(p, r) for p, r in records(directory) if not r.owner_alive]
+    return [(p, r) for p, r in records(directory) if not owner_alive(p, r)]
