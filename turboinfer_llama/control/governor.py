@@ -187,11 +187,10 @@ class Governor:
             log.error("restoring %s failed too: %s", getattr(self.device, "name", "?"), e)
 
     def health(self) -> dict[str, Any]:
-        """State for ``llm.power.stats()`` and logs (with the device's own health:
-        foreign writes seen, lock, state file, guardian)."""
-        device_health = getattr(self.device, "health", None)
+        """State for ``llm.power.stats()`` and logs."""
         return {
-            "device_health": device_health() if callable(device_health) else None,
+            # the device's own: foreign writes seen, lock, state file, guardian
+            "device_health": getattr(self.device, "health", lambda: None)(),
             "ok": not self.failed,
             "controller": getattr(self.controller, "name", type(self.controller).__name__),
             "device": getattr(self.device, "name", "?"),
