@@ -82,16 +82,27 @@ def events(tokens: int = TOKENS) -> Iterator[Event]:
         yield Event(EventKind.TOKEN, t, graph=tok, token=tok)
 
 
-def run(device: Any, inject: Callable[[], None], *, tokens: int = TOKENS) -> Governor:
-    """Drive ``device`` through a Governor; ``inject()`` runs when token
-    ``INJECT_AT_TOKEN`` begins. Returns the governor (not closed). Every event must be
-    taken: the engine never sees the device's trouble."""
+def run(
+    device: Any,
+    inject: Callable[[], None],
+    *,
+    tokens: int = TOKENS,
+    at: EventKind = EventKind.DECODE_BEGIN,
+) -> Governor:
+    """Drive ``device`` through a Governor; ``inject()`` runs just before the event
+    ``at`` of token ``INJECT_AT_TOKEN`` (default: as its graph begins). Returns the
+    governor (not closed). Every event must be taken: the engine never sees the
+    device's trouble."""
     clock = [0]
     gov = Governor(Switcher(device.frequencies_hz()), device, timer=False, clock=lambda: clock[0])
     gov.start()
     n = 0
     for ev in events(tokens):
-        if ev.kind is EventKind.DECODE_BEGIN and ev.graph == INJECT_AT_TOKEN:
+        if (
+            ev.kind is at
+            and ev.graph == INJECT_AT_TOKEN
+            and (at is not EventKind.NODE_ASK or ev.node == 0)
+        ):
             inject()
         clock[0] = ev.t_ns
         gov.on_event(ev)  # never raises

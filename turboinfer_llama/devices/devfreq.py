@@ -139,7 +139,9 @@ class DevfreqGpu(GuardedBackend):
             raise Unsupported(f"{self.path}/available_frequencies lists no frequencies")
         self._last_max_hz: int | None = None
         self._last_written: tuple[int, int] | None = None
-        self._read_back = isinstance(io, LocalSysfs)
+        # Read back around our writes to see foreign ones (local trees: cheap). Turn
+        # off while something else of ours writes the same files (a native executor).
+        self.read_back = isinstance(io, LocalSysfs)
         ownership = self._take_ownership(own)
         try:
             self._setup()
@@ -272,16 +274,13 @@ class DevfreqGpu(GuardedBackend):
         return below[-1] if below else self._levels[0]
 
     def _observe_max(self) -> int:
-        """Read max_freq; if it is not what we wrote, someone else (a thermal daemon,
-        a QoS cap) set a ceiling since: honour it from now on (never go above it)."""
+        """Read max_freq; if it is lower than we wrote, a thermal or QoS cap came in
+        since: honour it from now on."""
         observed = self._read_int("max_freq")
-        if self._last_max_hz is not None and observed != self._last_max_hz:
-            if observed < self._cap_hz:
-                log.info(
-                    "%s: max_freq set to %d Hz by someone else; honouring it as a cap",
-                    self.name,
-                    observed,
-                )
+        if self._last_max_hz is not None and observed < self._last_max_hz:
+            log.info(
+                "%s: max_freq lowered to %d Hz by someone else; honouring it", self.name, observed
+            )
             self._cap_hz = min(self._cap_hz, observed)
         return observed
 
@@ -300,7 +299,7 @@ class DevfreqGpu(GuardedBackend):
         local tree, read back before (did someone change what we wrote last?) and
         after (did our write stick?): foreign writes are logged and counted, not
         fought."""
-        if self._read_back and self._last_written is not None:
+        if self.read_back and self._last_written is not None:
             now = (self._read_int("min_freq"), self._read_int("max_freq"))
             if now != self._last_written:
                 self._note_foreign_write(
@@ -316,7 +315,7 @@ class DevfreqGpu(GuardedBackend):
             self.io.write(self._f("max_freq"), str(hi))
         self._last_max_hz = hi
         self._last_written = (lo, hi)
-        if self._read_back:
+        if self.read_back:
             back = (self._read_int("min_freq"), self._read_int("max_freq"))
             if back != (lo, hi):
                 self._note_foreign_write(

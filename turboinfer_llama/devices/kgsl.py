@@ -198,7 +198,9 @@ class KgslGpu(GuardedBackend):
             else None
         )
         self._counter_check = CounterCheck(self.name)
-        self._read_back = isinstance(io, LocalSysfs)
+        # Read back around our writes to see foreign ones (local trees: cheap). Turn
+        # off while something else of ours writes the same files (a native executor).
+        self.read_back = isinstance(io, LocalSysfs)
         self._written: tuple[int, int] = (0, len(levels) - 1)
         ownership = self._take_ownership(own)
         try:
@@ -361,7 +363,7 @@ class KgslGpu(GuardedBackend):
         wrote instead of reading it back (one adb round-trip less per set_hz); on a
         local tree we read back before and after to see foreign writes (counted and
         logged, not fought)."""
-        if self._read_back:
+        if self.read_back:
             now = self._levels_now()
             if now != self._written:
                 self._note_foreign_write(
@@ -376,7 +378,7 @@ class KgslGpu(GuardedBackend):
             self.io.write(self._f("min_pwrlevel"), str(slow))
             self.io.write(self._f("max_pwrlevel"), str(fast))
         self._written = (fast, slow)
-        if self._read_back:
+        if self.read_back:
             back = self._levels_now()
             if back != (fast, slow):
                 self._note_foreign_write(
