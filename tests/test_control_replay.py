@@ -124,3 +124,42 @@ def test_bad_arguments_are_refused(trace):
         replay(trace, make_controller("max", device_levels_hz=[1]), SimGpu(), granularity="node")
     with pytest.raises(ValueError, match="at least one segment"):
         replay([], make_controller("max", device_levels_hz=[1]), SimGpu())
+
+
+class Hold:
+    """A controller that never decides: the clock stays where the device starts."""
+
+    name = "hold"
+    uses_device_governor = False
+
+    def on_event(self, event):
+        return None
+
+    def plan(self, now_ns):
+        return []
+
+
+def test_replay_runs_segments_through_the_simulator():
+    """Kernels re-timed by the cost model (no-op views launch nothing), host submission
+    added only before kernels without their own timing, stalls kept as recorded.
+    (Was SimGpu.consume's test; replay is the one loop that does this.)"""
+    from test_devices_sim import MS, toy_profile
+
+    from turboinfer_llama.engine.events import NodeShape, StallKind
+    from turboinfer_llama.engine.segments import Segment
+
+    gpu = SimGpu(toy_profile(host_submission_ns=10_000))
+    shape = NodeShape((1000, 1, 1, 1), 0, (1000, 1, 1, 1), 0, (1000, 1, 1, 1), 0)
+    segs = [
+        Segment("stall", 0, 50_000, "decode", stall=StallKind.SUBMIT),
+        Segment("kernel", 0, 0, "decode", op="ADD", shape=shape, timed=False),
+        Segment("kernel", 0, 0, "decode", op="VIEW", shape=shape, timed=False),
+        Segment("kernel", 0, 0, "decode", op="ADD", shape=shape, timed=True),
+        Segment("stall", 0, 7_000, "decode", stall=StallKind.INTER_KERNEL),
+        Segment("stall", 0, 2 * MS, "decode", stall=StallKind.SAMPLE),
+    ]
+    res = replay(segs, Hold(), gpu, granularity="kernel", timer_ns=10**12)
+    kernel_ns = 12_000  # 12 kB at 1 GB/s each
+    assert gpu.kernels == 2  # the VIEW launched nothing
+    assert gpu.gap_ns_by_kind == {"submit": 50_000, "inter_kernel": 17_000, "sample": 2 * MS}
+    assert round(res.duration_s * 1e9) == 50_000 + 10_000 + 2 * kernel_ns + 7_000 + 2 * MS

@@ -10,8 +10,6 @@ import pytest
 
 from turboinfer_llama.devices.base import DeviceGone, DeviceNotFound, GpuDevice, InvalidFrequency
 from turboinfer_llama.devices.sim import SimGpu, list_profiles, load_profile
-from turboinfer_llama.engine.events import NodeShape, StallKind
-from turboinfer_llama.engine.segments import Segment
 
 MS = 1_000_000
 
@@ -379,27 +377,6 @@ def test_counters_and_cycles() -> None:
     assert (c.ts_ns, c.busy_ns, c.total_ns, c.freq_hz) == (2 * MS, 1 * MS, 2 * MS, 100_000_000)
     assert gpu.busy_cycles == pytest.approx(1e5)
     assert gpu.alwayson_cycles == int(2e-3 * gpu.profile.alwayson_hz)
-
-
-# ---- consume -----------------------------------------------------------------------
-
-
-def test_consume_segments() -> None:
-    gpu = SimGpu(toy_profile(host_submission_ns=10_000))
-    shape = NodeShape((1000, 1, 1, 1), 0, (1000, 1, 1, 1), 0, (1000, 1, 1, 1), 0)
-    segs = [
-        Segment("stall", 0, 50_000, "decode", stall=StallKind.SUBMIT),
-        Segment("kernel", 0, 0, "decode", op="ADD", shape=shape, timed=False),
-        Segment("kernel", 0, 0, "decode", op="VIEW", shape=shape, timed=False),
-        Segment("kernel", 0, 0, "decode", op="ADD", shape=shape, timed=True),
-        Segment("stall", 0, 7_000, "decode", stall=StallKind.INTER_KERNEL),
-        Segment("stall", 0, 2 * MS, "decode", stall=StallKind.SAMPLE),
-    ]
-    took = gpu.consume(segs)
-    kernel_ns = 12_000  # 12 kB at 1 GB/s each
-    assert gpu.kernels == 2  # the VIEW launched nothing
-    assert gpu.gap_ns_by_kind == {"submit": 50_000, "inter_kernel": 17_000, "sample": 2 * MS}
-    assert took == 50_000 + 10_000 + 2 * kernel_ns + 7_000 + 2 * MS
 
 
 # ---- close -------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..devices.adb import AdbGpu, open_adb_gpu
+from ..devices.adb_link import AdbLink
+from ..devices.adb_settings import AdbSettings
 from ..devices.base import DeviceError
 from . import fuelgauge
-from .link import AdbLink
-from .settings import AdbSettings
 
 RUNNER = "turboinfer_llama.bench.runner"
 

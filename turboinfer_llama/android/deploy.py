@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..devices.adb import AdbShellSysfs
+from ..devices.adb_link import NO_ROOT_ADVICE, AdbLink
 from ..devices.base import DeviceError
 from ..devices.devfreq import find_gpu_devfreq
-from .link import NO_ROOT_ADVICE, AdbLink
 
 REMOTE_DIR = "/data/local/tmp"
 DEVICE_NODE = "/dev/turboinfer"

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from .._clock import now_ns
+from ..devices.adb_link import EXIT, STDERR, STDIN, STDOUT, AdbLink
+from ..devices.adb_settings import AdbSettings
 from ..devices.base import DeviceError, DeviceGone, DeviceNotFound, PermissionDenied
 from ..power.base import Calibration, Measurement
-from .link import EXIT, STDERR, STDIN, STDOUT, AdbLink
-from .settings import AdbSettings
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import logging
 from typing import Any
 
 from ..devices.adb import open_adb_gpu, thermal_cap_hz
+from ..devices.adb_link import AdbLink
+from ..devices.adb_settings import AdbSettings
 from ..devices.base import DeviceError
 from . import fuelgauge
-from .link import AdbLink
-from .settings import AdbSettings
 
 log = logging.getLogger(__name__)
 

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _settings() -> Any:
-    from ..android.settings import AdbSettings
+    from ..devices.adb_settings import AdbSettings
 
     try:
         return AdbSettings()
@@ -99,7 +99,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 def _deploy(args: argparse.Namespace) -> int:
     from ..android.deploy import deploy
-    from ..android.link import AdbLink
+    from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
     try:
@@ -117,7 +117,7 @@ def _deploy(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..android import fuelgauge
-    from ..android.link import AdbLink
+    from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
     settings = _settings()
@@ -157,28 +157,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from ..android.link import AdbLink
-    from ..devices.adb import AdbShellSysfs, open_gpu, saved_state
+    from ..devices.adb import restore_phone, saved_state
+    from ..devices.adb_link import AdbLink
     from ..devices.base import DeviceError
 
     settings = _settings()
     try:
         link = AdbLink(args.serial, settings)
         path, state = saved_state(link.serial, settings)
-        session = link.open_session(as_root=True)
-        try:
-            gpu = open_gpu(AdbShellSysfs(session, link.root_access()))
-            gpu.close()  # releases its guard first: it would put back today's pinned state
-            gpu.restore(state)
-        finally:
-            session.close()
+        done = restore_phone(link.serial, state, settings)
     except DeviceError as e:
         raise CliError(str(e)) from e
     path.unlink()
-    print(
-        f"{link.serial}: GPU restored to governor {state.governor}, "
-        f"{state.min_hz / 1e6:g}-{state.max_hz / 1e6:g} MHz"
-    )
+    print(done)
     return 0
 
 
@@ -193,7 +184,7 @@ def _push_run(args: argparse.Namespace) -> int:
     start = text.find("## On the phone (Termux)")
     print(text[start:] if start >= 0 else text)
     if args.push:
-        from ..android.link import AdbLink
+        from ..devices.adb_link import AdbLink
         from ..devices.base import DeviceError
 
         try:

@@ -56,9 +56,9 @@ def _real_devices(root: str) -> list[dict[str, Any]]:
     found = []
     candidates: list[tuple[str, Any]] = []
     if io.exists(f"{KGSL_DIR}/gpu_available_frequencies"):
-        candidates.append(("kgsl", lambda: KgslGpu(io)))
+        candidates.append(("kgsl", lambda: KgslGpu(io, own=False)))
     for path in find_gpu_devfreq(io):
-        candidates.append(("devfreq", lambda path=path: DevfreqGpu(io, path)))
+        candidates.append(("devfreq", lambda path=path: DevfreqGpu(io, path, own=False)))
     for backend, make in candidates:
         try:
             gpu = make()
@@ -70,6 +70,35 @@ def _real_devices(root: str) -> list[dict[str, Any]]:
         finally:
             gpu.close()
     return found
+
+
+def _leftover_state() -> list[dict[str, Any]]:
+    """State files whose owner died: those GPUs may still be pinned."""
+    from ..devices.state import leftovers
+
+    return [
+        {
+            "file": str(path),
+            "device": rec.name,
+            "pid": rec.pid,
+            "stale": rec.stale,
+            "governor": rec.state.governor,
+            "min_hz": rec.state.min_hz,
+            "max_hz": rec.state.max_hz,
+        }
+        for path, rec in leftovers()
+    ]
+
+
+def warnings(report: dict[str, Any]) -> list[str]:
+    """One line per left-over state file."""
+    return [
+        f"WARNING: {s['device']} may still be pinned: pid {s['pid']} died without "
+        f"restoring it (state file {s['file']}"
+        + (", from an earlier boot" if s["stale"] else "")
+        + "); run `turboinfer restore`"
+        for s in report.get("leftover_state", [])
+    ]
 
 
 def collect(root: str) -> dict[str, Any]:
@@ -89,6 +118,7 @@ def collect(root: str) -> dict[str, Any]:
     meters.insert(0, {"meter": "sim", "usable": True, "why": "simulated GPU energy integral"})
     return {
         "root": root,
+        "leftover_state": _leftover_state(),
         "backends": backends,
         "devices": _real_devices(root),
         "auto_picks": auto if auto != "sim" else f"sim:{DEFAULT_PROFILE} (simulated)",
@@ -102,6 +132,8 @@ def _print_tables(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    for line in warnings(report):
+        console.print(f"[bold yellow]{line}[/bold yellow]", soft_wrap=True)
     t = Table(title=f"GPU backends (sysfs root {report['root']})")
     for col in ("backend", "usable", "why"):
         t.add_column(col)

@@ -394,6 +394,8 @@ class Governor:
         ex = self.executor
         st = ex.status() if ex is not None else {}
         return {
+            # the device's own: foreign writes seen, lock, state file, guardian
+            "device_health": getattr(self.device, "health", lambda: None)(),
             "ok": not self.failed,
             "controller": getattr(self.controller, "name", type(self.controller).__name__),
             "device": getattr(self.device, "name", "?"),

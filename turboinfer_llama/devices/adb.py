@@ -13,15 +13,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
+import os
 import shlex
 import statistics
 from pathlib import Path
 
 from .._clock import now_ns
-from ..android.link import NO_ROOT_ADVICE, AdbLink, RootAccess, ShellSession
-from ..android.settings import AdbSettings
+from .adb_link import NO_ROOT_ADVICE, AdbLink, RootAccess, ShellSession
+from .adb_settings import AdbSettings
 from .base import (
     Counters,
     DeviceError,
@@ -33,6 +33,10 @@ from .base import (
 )
 from .devfreq import DevfreqGpu, resolve
 from .kgsl import KGSL_DIR, KgslGpu
+from .lifecycle import Closeable
+from .os_errors import ERRNO_CLASSES
+from .owner import Ownership
+from .state import read_record
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,10 @@ class AdbShellSysfs:
             return DeviceNotFound(f"cannot {where}: no such file")
         if "Invalid argument" in text:
             return InvalidFrequency(f"cannot {where}: the kernel rejected the value ({text})")
+        # Other errno texts from the phone's shell: the same table as local sysfs.
+        for code, cls in ERRNO_CLASSES.items():
+            if os.strerror(code) in text:
+                return cls(f"cannot {where}: {text}")
         return DeviceError(f"cannot {where}: {text or 'failed'}")
 
     def read(self, path: str) -> str:
@@ -123,7 +131,7 @@ def measure_round_trip_ns(gpu: KgslGpu | DevfreqGpu, samples: int) -> list[int]:
     return times
 
 
-class AdbGpu:
+class AdbGpu(Closeable):
     """``GpuDevice`` for a phone: the inner KGSL/devfreq backend over adb.
 
     It has no ``native_actuator``: a round trip is milliseconds, so it stays
@@ -144,7 +152,22 @@ class AdbGpu:
         self.name = f"adb:{self.serial}/{inner.name}"
         self._closed = False
         self._state_file = settings.state_dir / f"{_safe(self.serial)}.gpu-state.json"
-        self._save_state(inner.snapshot())
+        # One owner per phone (a lock on this host), and its state file in the common
+        # format; no guardian: a dead host leaves the phone to `turboinfer restore`.
+        self._ownership = Ownership(
+            "adb",
+            self.name,
+            f"adb-{self.serial}",
+            {"serial": self.serial},
+            record_path=self._state_file,
+            guardian=False,
+        )
+        self._ownership.acquire(self._put_back_leftover)
+        try:
+            self._ownership.hold(inner.snapshot())
+        except BaseException:
+            self._ownership.release(restored=True)
+            raise
         n0 = session.commands
         rtts = measure_round_trip_ns(inner, settings.rtt_samples)
         per_call = (session.commands - n0) / len(rtts)
@@ -229,8 +252,9 @@ class AdbGpu:
                 if self.inner.capabilities.can_set:
                     raise
                 # Read-only session: we changed nothing, so there is nothing to put back.
-            self._state_file.unlink(missing_ok=True)
+            self._ownership.release(restored=True)
         except DeviceError as e:
+            self._ownership.release(restored=False)
             msg = (
                 f"could not restore the GPU of {self.serial}: {e}. Its clocks may stay "
                 f"pinned until reboot; reconnect and run `turboinfer android restore "
@@ -241,20 +265,22 @@ class AdbGpu:
         finally:
             self.session.close()
 
-    def __enter__(self) -> AdbGpu:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _save_state(self, state: DeviceState) -> None:
-        try:
-            self._state_file.parent.mkdir(parents=True, exist_ok=True)
-            self._state_file.write_text(json.dumps(dataclasses.asdict(state)))
-        except OSError as e:
+    def _put_back_leftover(self, state: DeviceState) -> None:
+        """A previous run lost this phone without restoring it: put its saved state
+        back before we take our own snapshot."""
+        if not self.inner.capabilities.can_set:
             log.warning(
-                "cannot keep the GPU state of %s in %s: %s", self.serial, self._state_file, e
+                "%s: a previous run left the GPU pinned, but this session cannot write; "
+                "run `turboinfer restore` with root",
+                self.serial,
             )
+            return
+        self.inner.restore(state)
+        self.inner.rebase()
+
+    def health(self) -> dict[str, object]:
+        """Lock and state file of this phone (for stats())."""
+        return {"errors": list(self.errors), **self._ownership.health()}
 
 
 def _safe(serial: str) -> str:
@@ -267,7 +293,24 @@ def saved_state(serial: str, settings: AdbSettings | None = None) -> tuple[Path,
     path = settings.state_dir / f"{_safe(serial)}.gpu-state.json"
     if not path.exists():
         raise DeviceNotFound(f"no unrestored GPU state for {serial} in {settings.state_dir}")
-    return path, DeviceState(**json.loads(path.read_text()))
+    return path, read_record(path).state
+
+
+def restore_phone(serial: str, state: DeviceState, settings: AdbSettings | None = None) -> str:
+    """Put ``state`` back on the phone's GPU over a fresh root shell."""
+    settings = settings or AdbSettings()
+    link = AdbLink(serial, settings)
+    session = link.open_session(as_root=True)
+    try:
+        gpu = open_gpu(AdbShellSysfs(session, link.root_access()))
+        gpu.close()  # releases its guard first: it would put back today's pinned state
+        gpu.restore(state)
+    finally:
+        session.close()
+    return (
+        f"{link.serial}: GPU restored to governor {state.governor}, "
+        f"{state.min_hz / 1e6:g}-{state.max_hz / 1e6:g} MHz"
+    )
 
 
 def open_adb_gpu(serial: str | None = None, settings: AdbSettings | None = None) -> AdbGpu:

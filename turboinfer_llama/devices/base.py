@@ -35,6 +35,12 @@ class Unsupported(DeviceError):
     """The backend cannot do this operation on this device."""
 
 
+class BadCounters(DeviceError):
+    """The device's counters returned values that cannot be right (negative, busy
+    above total, going backwards, a busy fraction outside 0..1). A controller fed
+    with them would steer blind, so callers hand the GPU back to its governor."""
+
+
 @dataclass(frozen=True, slots=True)
 class Counters:
     """One reading of the device's activity counters.
@@ -103,6 +109,34 @@ class GpuDevice(Protocol):
     def close(self) -> None:
         """Restore the state found at open and release the device. Idempotent."""
         ...
+
+
+class CounterCheck:
+    """Checks each ``Counters`` reading against the previous one (``check``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.last: Counters | None = None
+
+    def check(self, c: Counters) -> Counters:
+        """``c``, or ``BadCounters`` saying what is wrong with it."""
+        why = None
+        prev = self.last
+        if prev is not None and c.ts_ns < prev.ts_ns:
+            why = f"time went backwards ({prev.ts_ns} -> {c.ts_ns} ns)"
+        elif c.busy_ns < 0 or c.total_ns < 0:
+            why = f"negative busy/total ({c.busy_ns}/{c.total_ns} ns)"
+        elif c.busy_ns > c.total_ns:
+            why = f"busy {c.busy_ns} ns above total {c.total_ns} ns (wrapped?)"
+        elif prev is not None and (c.busy_ns < prev.busy_ns or c.total_ns < prev.total_ns):
+            why = (
+                f"cumulative counters went backwards (busy {prev.busy_ns} -> "
+                f"{c.busy_ns}, total {prev.total_ns} -> {c.total_ns} ns; wrapped or reset)"
+            )
+        if why is not None:
+            raise BadCounters(f"{self.name}: bad counter reading: {why}")
+        self.last = c
+        return c
 
 
 def snap_hz(levels_hz: list[int], hz: int) -> int:

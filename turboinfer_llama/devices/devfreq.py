@@ -16,18 +16,20 @@ from collections.abc import Callable
 
 from .._clock import now_ns
 from .base import (
+    BadCounters,
     Capabilities,
+    CounterCheck,
     Counters,
     DeviceError,
-    DeviceGone,
     DeviceNotFound,
     DeviceState,
     InvalidFrequency,
     Unsupported,
     snap_hz,
 )
-from .guard import RestoreGuard
+from .lifecycle import GuardedBackend
 from .native import NativeActuator, SysfsOneActuator, SysfsPairActuator, level_index
+from .owner import Ownership, local_ownership, take
 from .sysfs_io import LocalSysfs, SysfsIO
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ def _busy_readers(io: SysfsIO, path: str) -> list[tuple[str, BusyReader]]:
 
     def add(name: str, file: str, parse: Callable[[str], float]) -> None:
         if io.exists(file):
-            found.append((f"{name} ({file})", lambda: parse(io.read(file))))
+            found.append((f"{name} ({file})", lambda: parse_busy(file, io.read(file), parse)))
 
     # Jetson (nvgpu): per-mille load of the GPU platform device.
     add("jetson load", posixpath.join(path, "device", "load"), lambda s: int(s) / 1000.0)
@@ -84,8 +86,22 @@ def _busy_readers(io: SysfsIO, path: str) -> list[tuple[str, BusyReader]]:
     return found
 
 
+def parse_busy(file: str, text: str, parse: Callable[[str], float]) -> float:
+    """A busy fraction in 0..1, or ``BadCounters`` for anything else."""
+    try:
+        fraction = parse(text)
+    except (ValueError, IndexError, ZeroDivisionError) as e:
+        raise BadCounters(f"{file}: unreadable busy value {text!r}") from e
+    if not 0.0 <= fraction <= 1.0:
+        raise BadCounters(f"{file}: busy value {text!r} is outside 0..100%")
+    return fraction
+
+
 def kgsl_gpubusy_fraction(text: str) -> float:
+    """KGSL's ``gpubusy`` ("busy total" of the last window); "0 0" is an idle window."""
     busy, total = (int(x) for x in text.split()[:2])
+    if busy < 0 or total < 0:
+        raise ValueError("negative")
     return busy / total if total > 0 else 0.0
 
 
@@ -102,16 +118,18 @@ class BusyIntegrator:
     def read(self) -> tuple[int, int, int]:
         """(ts_ns, busy_ns, total_ns) since creation."""
         t = now_ns()
-        fraction = min(max(self._reader(), 0.0), 1.0)
+        fraction = self._reader()
         self.busy_ns += round((t - self._last) * fraction)
         self._last = t
         return t, self.busy_ns, t - self._t0
 
 
-class DevfreqGpu:
+class DevfreqGpu(GuardedBackend):
     """A devfreq GPU at ``path`` (e.g. ``/sys/class/devfreq/17000000.ga10b``)."""
 
-    def __init__(self, io: SysfsIO, path: str) -> None:
+    def __init__(self, io: SysfsIO, path: str, *, own: bool | None = None) -> None:
+        """``own``: take the GPU (lock, state file, guardian; default: on a local
+        tree). False reads and restores without owning (``probe``, ``restore``)."""
         self.io = io
         self.path = path.rstrip("/")
         if not io.exists(self._f("available_frequencies")):
@@ -120,14 +138,44 @@ class DevfreqGpu:
         self._levels = _parse_levels(io.read(self._f("available_frequencies")))
         if not self._levels:
             raise Unsupported(f"{self.path}/available_frequencies lists no frequencies")
+        self._last_max_hz: int | None = None
+        self._last_written: tuple[int, int] | None = None
+        # Read back around our writes to see foreign ones (local trees: cheap). Turn
+        # off while something else of ours writes the same files (a native executor).
+        self.read_back = isinstance(io, LocalSysfs)
+        ownership = self._take_ownership(own)
+        try:
+            self._setup()
+        except BaseException:
+            if ownership is not None:
+                ownership.release(restored=True)
+            raise
+        if ownership is not None:
+            ownership.hold(self._initial)
+        self._install_guard(lambda: self.restore(self._initial), ownership)
+
+    def _take_ownership(self, own: bool | None) -> Ownership | None:
+        """Lock the GPU and put back what a dead owner left, before our snapshot."""
+        if own is False or not isinstance(self.io, LocalSysfs):
+            return None
+        if not (self.io.writable(self._f("min_freq")) and self.io.writable(self._f("max_freq"))):
+            return None  # read-only: we cannot pin it, so there is nothing to guard
+        ownership = local_ownership(
+            "devfreq", self.name, str(self.io.root), self.path, self.io.real_path(self.path)
+        )
+        self._userspace = False
+        return take(ownership, self.restore)
+
+    def _setup(self) -> None:
+        io = self.io
         self._initial = self.snapshot()
         # A max below the table's top at open was set by someone else: honour it.
         self._cap_hz = self._initial.max_hz
-        self._last_max_hz: int | None = None
         self._userspace = self._userspace_active()
         readers = _busy_readers(io, self.path)
         self.busy_source = readers[0][0] if readers else None
         self._busy = BusyIntegrator(readers[0][1]) if readers else None
+        self._counter_check = CounterCheck(self.name)
         self.capabilities = Capabilities(
             can_set=io.writable(self._f("min_freq")) and io.writable(self._f("max_freq")),
             has_pmu=False,
@@ -136,7 +184,6 @@ class DevfreqGpu:
             switch_latency_source=SWITCH_LATENCY_NOTE,
             notes=(f"busy source: {self.busy_source or 'none'}",),
         )
-        self._guard = RestoreGuard(lambda: self.restore(self._initial), self.name)
 
     def _f(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -198,7 +245,7 @@ class DevfreqGpu:
                 "device/utilization, gpu_busy, gpubusy, load)"
             )
         ts, busy, total = self._busy.read()
-        return Counters(ts, busy, total, None, self.current_hz())
+        return self._counter_check.check(Counters(ts, busy, total, None, self.current_hz()))
 
     def snapshot(self) -> DeviceState:
         return DeviceState(
@@ -215,20 +262,7 @@ class DevfreqGpu:
         if now != (state.min_hz, state.max_hz):
             self._write_range(state.min_hz, state.max_hz, now[1])
 
-    def close(self) -> None:
-        self._guard.restore()
-
-    def __enter__(self) -> DevfreqGpu:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- internals ---------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._guard.done:
-            raise DeviceGone(f"{self.name} is closed")
 
     def _userspace_active(self) -> bool:
         """Read once at open and after restore (one adb round-trip less per set_hz)."""
@@ -251,8 +285,29 @@ class DevfreqGpu:
             self._cap_hz = min(self._cap_hz, observed)
         return observed
 
+    def rebase(self) -> None:
+        """Take the state now as the one to put back on close (after the caller put
+        back a state that a dead owner left)."""
+        self._initial = self.snapshot()
+        self._cap_hz = self._initial.max_hz
+
+    def health(self) -> dict[str, object]:
+        """Foreign writes seen, lock, state file and guardian (for stats())."""
+        return {**self.foreign_write_health(), **self.ownership_health()}
+
     def _write_range(self, lo: int, hi: int, current_max: int) -> None:
-        """Write min and max in an order that never makes min > max on the way."""
+        """Write min and max in an order that never makes min > max on the way. On a
+        local tree, read back before (did someone change what we wrote last?) and
+        after (did our write stick?): foreign writes are logged and counted, not
+        fought."""
+        if self.read_back and self._last_written is not None:
+            now = (self._read_int("min_freq"), self._read_int("max_freq"))
+            if now != self._last_written:
+                self._note_foreign_write(
+                    f"min/max changed to {now[0]}-{now[1]} Hz since we wrote "
+                    f"{self._last_written[0]}-{self._last_written[1]} Hz"
+                )
+            current_max = now[1]
         if lo > current_max:
             self.io.write(self._f("max_freq"), str(hi))
             self.io.write(self._f("min_freq"), str(lo))
@@ -260,6 +315,14 @@ class DevfreqGpu:
             self.io.write(self._f("min_freq"), str(lo))
             self.io.write(self._f("max_freq"), str(hi))
         self._last_max_hz = hi
+        self._last_written = (lo, hi)
+        if self.read_back:
+            back = (self._read_int("min_freq"), self._read_int("max_freq"))
+            if back != (lo, hi):
+                self._note_foreign_write(
+                    f"wrote min/max {lo}-{hi} Hz, read back {back[0]}-{back[1]} Hz"
+                )
+                self._last_written = back
 
     # ---- native plan executor ------------------------------------------------------
 

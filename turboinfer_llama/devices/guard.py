@@ -89,6 +89,15 @@ def restore_all() -> None:
             log.exception("could not restore %s", g.name)
 
 
+def _forget_in_child() -> None:
+    """A forked child does not own its parent's devices: it must never put them back
+    (at its exit or on its signals) while the parent still steers them."""
+    _active.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     restore_all()
     previous = _previous_handlers.get(signum, signal.SIG_DFL)

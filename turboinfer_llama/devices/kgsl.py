@@ -18,18 +18,19 @@ from pathlib import Path
 
 from .base import (
     Capabilities,
+    CounterCheck,
     Counters,
     DeviceError,
-    DeviceGone,
     DeviceNotFound,
     DeviceState,
     InvalidFrequency,
     Unsupported,
     snap_hz,
 )
-from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction
-from .guard import RestoreGuard
+from .devfreq import BusyIntegrator, kgsl_gpubusy_fraction, parse_busy
+from .lifecycle import GuardedBackend
 from .native import NativeActuator, SysfsPairActuator, level_index
+from .owner import Ownership, local_ownership, take
 from .sysfs_io import LocalSysfs, SysfsIO, translate_os_error
 
 log = logging.getLogger(__name__)
@@ -166,10 +167,19 @@ class PerfCounters:
 # ---- the backend -----------------------------------------------------------------
 
 
-class KgslGpu:
+class KgslGpu(GuardedBackend):
     """Adreno GPU via KGSL sysfs (``base``) and, when given, the perfcounter device."""
 
-    def __init__(self, io: SysfsIO, base: str = KGSL_DIR, perf: PerfCounters | None = None) -> None:
+    def __init__(
+        self,
+        io: SysfsIO,
+        base: str = KGSL_DIR,
+        perf: PerfCounters | None = None,
+        *,
+        own: bool | None = None,
+    ) -> None:
+        """``own``: take the GPU (lock, state file, guardian; default: on a local
+        tree). False reads and restores without owning (``probe``, ``restore``)."""
         self.io = io
         self.base = base.rstrip("/")
         if not io.exists(self._f("gpu_available_frequencies")):
@@ -182,16 +192,24 @@ class KgslGpu:
         # KGSL numbers power levels from the fastest: level 0 = highest clock.
         self._by_level = sorted(levels, reverse=True)
         self._perf = perf
+        gpubusy = self._f("gpubusy")
         self._busy = (
-            BusyIntegrator(lambda: kgsl_gpubusy_fraction(io.read(self._f("gpubusy"))))
-            if io.exists(self._f("gpubusy"))
+            BusyIntegrator(lambda: parse_busy(gpubusy, io.read(gpubusy), kgsl_gpubusy_fraction))
+            if io.exists(gpubusy)
             else None
         )
-        self._initial = self.snapshot()
-        self._written: tuple[int, int] = (
-            self._initial.extra["max_pwrlevel"],
-            self._initial.extra["min_pwrlevel"],
-        )
+        self._counter_check = CounterCheck(self.name)
+        # Read back around our writes to see foreign ones (local trees: cheap). Turn
+        # off while something else of ours writes the same files (a native executor).
+        self.read_back = isinstance(io, LocalSysfs)
+        self._written: tuple[int, int] = (0, len(levels) - 1)
+        ownership = self._take_ownership(own)
+        try:
+            self.rebase()
+        except BaseException:
+            if ownership is not None:
+                ownership.release(restored=True)
+            raise
         self.capabilities = Capabilities(
             can_set=io.writable(self._f("min_pwrlevel")) and io.writable(self._f("max_pwrlevel")),
             has_pmu=perf is not None,
@@ -199,7 +217,38 @@ class KgslGpu:
             switch_latency_ns=SWITCH_LATENCY_ASSUMED_NS,
             switch_latency_source=SWITCH_LATENCY_NOTE,
         )
-        self._guard = RestoreGuard(self._close_now, self.name)
+        if ownership is not None:
+            ownership.hold(self._initial)
+        self._install_guard(self._close_now, ownership)
+
+    def _take_ownership(self, own: bool | None) -> Ownership | None:
+        """Lock the GPU and put back what a dead owner left, before our snapshot.
+        The lock is named after KGSL's devfreq node, so ``devfreq`` on the same GPU
+        takes the same lock."""
+        if own is False or not isinstance(self.io, LocalSysfs):
+            return None
+        if not (
+            self.io.writable(self._f("min_pwrlevel")) and self.io.writable(self._f("max_pwrlevel"))
+        ):
+            return None  # read-only: we cannot pin it, so there is nothing to guard
+        node = self._f("devfreq") if self.io.exists(self._f("devfreq")) else self.base
+        ownership = local_ownership(
+            "kgsl", self.name, str(self.io.root), self.base, self.io.real_path(node)
+        )
+        return take(ownership, self.restore)
+
+    def rebase(self) -> None:
+        """Take the state now as the one to put back on close (at open, and after the
+        caller put back a state that a dead owner left)."""
+        self._initial = self.snapshot()
+        self._written = (
+            self._initial.extra["max_pwrlevel"],
+            self._initial.extra["min_pwrlevel"],
+        )
+
+    def health(self) -> dict[str, object]:
+        """Foreign writes seen, lock, state file and guardian (for stats())."""
+        return {**self.foreign_write_health(), **self.ownership_health()}
 
     def _f(self, name: str) -> str:
         return f"{self.base}/{name}"
@@ -268,7 +317,7 @@ class KgslGpu:
             raise Unsupported(f"{self.base}/gpubusy is missing: no busy counter")
         ts, busy, total = self._busy.read()
         instructions = self._perf.read()[0] if self._perf is not None else None
-        return Counters(ts, busy, total, instructions, self.current_hz())
+        return self._counter_check.check(Counters(ts, busy, total, instructions, self.current_hz()))
 
     def snapshot(self) -> DeviceState:
         slow = self._read_int(self._f("min_pwrlevel"))
@@ -293,15 +342,6 @@ class KgslGpu:
         if self._written != (int(fast), int(slow)):
             self._write_levels(fast=int(fast), slow=int(slow))
 
-    def close(self) -> None:
-        self._guard.restore()
-
-    def __enter__(self) -> KgslGpu:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- internals ---------------------------------------------------------------
 
     def _close_now(self) -> None:
@@ -310,10 +350,6 @@ class KgslGpu:
         finally:
             if self._perf is not None:
                 self._perf.close()
-
-    def _check_open(self) -> None:
-        if self._guard.done:
-            raise DeviceGone(f"{self.name} is closed")
 
     def _capped(self, hz: int) -> int:
         cap = self.thermal_cap_hz()
@@ -325,7 +361,17 @@ class KgslGpu:
     def _write_levels(self, *, fast: int, slow: int) -> None:
         """Write max_pwrlevel (fastest allowed) and min_pwrlevel (slowest allowed) in an
         order that never has max_pwrlevel > min_pwrlevel on the way. We remember what we
-        wrote instead of reading it back (one adb round-trip less per set_hz)."""
+        wrote instead of reading it back (one adb round-trip less per set_hz); on a
+        local tree we read back before and after to see foreign writes (counted and
+        logged, not fought)."""
+        if self.read_back:
+            now = self._levels_now()
+            if now != self._written:
+                self._note_foreign_write(
+                    f"pwrlevels changed to max {now[0]}/min {now[1]} since we wrote "
+                    f"max {self._written[0]}/min {self._written[1]}"
+                )
+                self._written = now
         if fast <= self._written[0]:
             self.io.write(self._f("max_pwrlevel"), str(fast))
             self.io.write(self._f("min_pwrlevel"), str(slow))
@@ -333,6 +379,16 @@ class KgslGpu:
             self.io.write(self._f("min_pwrlevel"), str(slow))
             self.io.write(self._f("max_pwrlevel"), str(fast))
         self._written = (fast, slow)
+        if self.read_back:
+            back = self._levels_now()
+            if back != (fast, slow):
+                self._note_foreign_write(
+                    f"wrote max {fast}/min {slow} pwrlevels, read back max {back[0]}/min {back[1]}"
+                )
+                self._written = back
+
+    def _levels_now(self) -> tuple[int, int]:
+        return (self._read_int(self._f("max_pwrlevel")), self._read_int(self._f("min_pwrlevel")))
 
     # ---- native plan executor ------------------------------------------------------
 

@@ -29,6 +29,7 @@ from typing import Any
 from .._clock import now_ns
 from .base import (
     Capabilities,
+    CounterCheck,
     Counters,
     DeviceError,
     DeviceGone,
@@ -38,8 +39,10 @@ from .base import (
     PermissionDenied,
     Unsupported,
 )
-from .guard import RestoreGuard
+from .lifecycle import GuardedBackend
 from .native import KmodActuator
+from .os_errors import translate
+from .owner import Ownership, take
 
 log = logging.getLogger(__name__)
 
@@ -179,27 +182,29 @@ SWITCH_LATENCY_NOTE = (
 
 
 def _translate(e: OSError, path: str, action: str) -> DeviceError:
-    """OSError at the backend boundary -> our hierarchy."""
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return PermissionDenied(
-            f"cannot {action} {path}: permission denied; "
-            + _HOW_TO_GET_PERMISSION.format(path=path)
-        )
-    if e.errno == errno.EBADF:
-        return PermissionDenied(
-            f"cannot {action} {path}: the device was opened read-only; "
-            + _HOW_TO_GET_PERMISSION.format(path=path)
-        )
-    if e.errno == errno.ENOENT:
-        return DeviceNotFound(f"no {path}; {_HOW_TO_LOAD}")
-    if e.errno in (errno.ENODEV, errno.ENXIO, errno.EIO):
-        return DeviceGone(f"cannot {action} {path}: device gone ({e.strerror})")
-    if e.errno == errno.ENOTTY:
-        return Unsupported(
-            f"cannot {action} {path}: not a turboinfer device, or its module speaks "
-            f"another ABI than version {TI_ABI_VERSION}"
-        )
-    return DeviceError(f"cannot {action} {path}: {e.strerror or e}")
+    """OSError at the backend boundary -> our hierarchy (the shared errno table, with
+    this device's own advice and its own meaning of EBADF and ENOTTY)."""
+    permission = _HOW_TO_GET_PERMISSION  # a template: {path} is filled in by translate
+    return translate(
+        e,
+        path,
+        action,
+        messages={
+            PermissionDenied: "cannot {action} {path}: permission denied; " + permission,
+            DeviceNotFound: "no {path}; " + _HOW_TO_LOAD,
+        },
+        overrides={
+            errno.EBADF: (
+                PermissionDenied,
+                "cannot {action} {path}: the device was opened read-only; " + permission,
+            ),
+            errno.ENOTTY: (
+                Unsupported,
+                "cannot {action} {path}: not a turboinfer device, or its module speaks "
+                f"another ABI than version {TI_ABI_VERSION}",
+            ),
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +242,7 @@ def parse_samples(data: bytes) -> list[Sample]:
     ]
 
 
-class KmodDevice:
+class KmodDevice(GuardedBackend):
     """A devfreq GPU driven through ``/dev/turboinfer``.
 
     ``ioctl`` is injectable (tests pass a fake implementing the ABI in Python); it is
@@ -246,14 +251,43 @@ class KmodDevice:
 
     _LATENCY_WINDOW = 64
 
-    def __init__(self, path: str = DEFAULT_PATH, *, ioctl: IoctlFn = fcntl.ioctl) -> None:
+    def __init__(
+        self, path: str = DEFAULT_PATH, *, ioctl: IoctlFn = fcntl.ioctl, own: bool = True
+    ) -> None:
+        """``own``: take the GPU's lock and state file and start the guardian (a
+        second line: the kernel itself drops our requests when the fd closes)."""
         self.path = path
         self._ioctl_fn = ioctl
         self._fd = -1
+        self.name = f"kmod:{path}"  # until the module names its GPU
+        ownership = self._take_ownership() if own else None
+        try:
+            self._open_device()
+        except BaseException:
+            if ownership is not None:
+                ownership.release(restored=True)
+            raise
+        if ownership is not None:
+            ownership.name = self.name
+            ownership.hold(self.snapshot())
+        self._install_guard(self._close_now, ownership)
+
+    def _take_ownership(self) -> Ownership | None:
+        ownership = Ownership("kmod", self.name, os.path.realpath(self.path), {"path": self.path})
+        # Nothing to put back for a dead owner: its requests died with its fd.
+        return take(ownership, lambda _state: None)
+
+    def _open_device(self) -> None:
+        path = self.path
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            st = os.fstat(self._fd)
         except OSError as e:
             raise _translate(e, path, "open") from e
+        # What our fd is: if someone closes it under us, the number may come back as
+        # another file, and its errors would be misread.
+        self._fd_id = (st.st_dev, st.st_ino, st.st_rdev)
+        self._counter_check = CounterCheck(f"kmod:{path}")
         try:
             info = self._info()
             if info.abi_version != TI_ABI_VERSION:
@@ -292,7 +326,6 @@ class KmodDevice:
             switch_latency_source=SWITCH_LATENCY_NOTE,
             notes=tuple(notes),
         )
-        self._guard = RestoreGuard(self._close_now, self.name)
 
     # ---- ioctl plumbing ----------------------------------------------------------
 
@@ -302,7 +335,23 @@ class KmodDevice:
         try:
             self._ioctl_fn(self._fd, request, arg, True)
         except OSError as e:
-            raise _translate(e, self.path, action) from e
+            raise self._os_error(e, action) from e
+
+    def _fd_lost(self) -> bool:
+        """Was our fd closed under us (or now names another file)?"""
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino, st.st_rdev) != self._fd_id
+
+    def _os_error(self, e: OSError, action: str) -> DeviceError:
+        if self._fd >= 0 and self._fd_lost():
+            return DeviceGone(
+                f"cannot {action} {self.path}: our file descriptor {self._fd} was closed "
+                "under us (by other code in this process); the kernel dropped our requests"
+            )
+        return _translate(e, self.path, action)
 
     def _info(self) -> TiInfo:
         info = TiInfo()
@@ -342,7 +391,7 @@ class KmodDevice:
         except OSError as e:
             if e.errno in (errno.EINVAL, errno.ERANGE):
                 raise self._invalid(e, f"{hz} Hz") from e
-            raise _translate(e, self.path, "set the clock of") from e
+            raise self._os_error(e, "set the clock of") from e
         self._note_latency(int(req.t_ns) - t0_ns)
         self._pinned = (int(req.target_hz), int(req.target_hz))
         return int(req.applied_hz)
@@ -357,7 +406,7 @@ class KmodDevice:
         except OSError as e:
             if e.errno in (errno.EINVAL, errno.ERANGE):
                 raise self._invalid(e, f"range {min_hz}-{max_hz} Hz") from e
-            raise _translate(e, self.path, "set the range of") from e
+            raise self._os_error(e, "set the range of") from e
         self._pinned = (int(req.applied_min_hz), int(req.applied_max_hz))
 
     def release(self) -> None:
@@ -369,12 +418,14 @@ class KmodDevice:
     def read_counters(self) -> Counters:
         self._check_open()
         st = self._stats()
-        return Counters(
-            ts_ns=int(st.t_ns),
-            busy_ns=int(st.busy_ns) - self._busy0,
-            total_ns=int(st.total_ns) - self._total0,
-            instructions=int(st.instructions) if st.flags & TI_STATS_F_PMU else None,
-            freq_hz=int(st.cur_freq_hz),
+        return self._counter_check.check(
+            Counters(
+                ts_ns=int(st.t_ns),
+                busy_ns=int(st.busy_ns) - self._busy0,
+                total_ns=int(st.total_ns) - self._total0,
+                instructions=int(st.instructions) if st.flags & TI_STATS_F_PMU else None,
+                freq_hz=int(st.cur_freq_hz),
+            )
         )
 
     def stats(self) -> TiStats:
@@ -394,15 +445,6 @@ class KmodDevice:
             self.set_range(state.min_hz, state.max_hz)
         elif self._pinned is not None:
             self.release()
-
-    def close(self) -> None:
-        self._guard.restore()
-
-    def __enter__(self) -> KmodDevice:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---- sampler -----------------------------------------------------------------
 
@@ -438,14 +480,21 @@ class KmodDevice:
         except OSError as e:
             if e.errno == errno.EAGAIN:
                 return []
-            raise _translate(e, self.path, "read samples from") from e
+            raise self._os_error(e, "read samples from") from e
         return parse_samples(data)
 
     # ---- internals ---------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._fd < 0:
-            raise DeviceGone(f"{self.path} is closed")
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def _closed_label(self) -> str:
+        return self.path
+
+    def health(self) -> dict[str, object]:
+        """Lock, state file and guardian (for stats())."""
+        return self.ownership_health()
 
     def _note_latency(self, dt_ns: int) -> None:
         """Keep capabilities.switch_latency_ns at the median of recent TI_SET_FREQ times
@@ -466,12 +515,24 @@ class KmodDevice:
     def _close_now(self) -> None:
         if self._fd < 0:
             return
+        lost = self._fd_lost()
         try:
-            if self._sampling:
-                self._call(TI_SAMPLE_CONFIG, TiSampleConfig(), "stop the sampler of")
-            self._call(TI_RELEASE, 0, "release")
+            if lost:
+                # Closing the fd dropped our requests in the kernel: nothing to undo.
+                log.warning(
+                    "%s: fd closed under us; the kernel already dropped our requests", self.path
+                )
+            else:
+                try:
+                    if self._sampling:
+                        self._call(TI_SAMPLE_CONFIG, TiSampleConfig(), "stop the sampler of")
+                    self._call(TI_RELEASE, 0, "release")
+                except DeviceGone as e:
+                    # The module is gone or dying: closing the fd ends our requests.
+                    log.warning("%s; closing the fd drops our requests", e)
         finally:
-            os.close(self._fd)
+            if not lost:
+                os.close(self._fd)
             self._fd = -1
             self._pinned = None
             self._sampling = False

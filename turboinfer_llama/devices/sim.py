@@ -16,14 +16,11 @@ import logging
 import math
 import random
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from ..engine.graph import cost
-from ..engine.segments import Segment
 from .base import (
     Capabilities,
     Counters,
@@ -401,27 +398,6 @@ class SimGpu:
         with self._lock:
             if t_ns > self._t:
                 self._idle_until(int(t_ns), phase or self._phase)
-
-    def consume(self, segments: Iterable[Segment], *, add_submission: bool | None = None) -> int:
-        """Run recorded segments: kernels re-timed by the cost model, stalls for their
-        measured duration. ``add_submission`` adds the profile's host submission cost
-        before each kernel; by default only for kernels without per-kernel timing.
-        Returns the virtual ns consumed."""
-        start = self._t
-        for seg in segments:
-            if seg.kind == "kernel":
-                c = cost(seg.op, seg.shape)
-                if c.is_noop:
-                    continue
-                if add_submission if add_submission is not None else not seg.timed:
-                    self.run_gap(
-                        self.profile.host_submission_ns, kind="inter_kernel", phase=seg.phase
-                    )
-                self.run_kernel(c.op, c.flops, c.bytes, phase=seg.phase)
-            else:
-                kind = seg.stall.value if seg.stall is not None else "idle"
-                self.run_gap(seg.dur_ns, kind=kind, phase=seg.phase)
-        return self._t - start
 
     # ---- extras for controllers, meters and tests --------------------------------
 

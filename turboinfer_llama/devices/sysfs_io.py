@@ -7,12 +7,12 @@ dir) and a phone over one adb shell session (``devices/adb.py``).
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 from typing import Protocol
 
-from .base import DeviceError, DeviceGone, DeviceNotFound, PermissionDenied
+from .base import DeviceError, PermissionDenied
+from .os_errors import translate
 
 
 class SysfsIO(Protocol):
@@ -43,17 +43,15 @@ _HOW_TO_GET_PERMISSION = (
 
 
 def translate_os_error(e: OSError, path: str, action: str) -> DeviceError:
-    """Map an OSError at the backend boundary onto our hierarchy."""
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return PermissionDenied(
-            f"cannot {action} {path}: permission denied; "
-            + _HOW_TO_GET_PERMISSION.format(path=path)
-        )
-    if e.errno in (errno.ENOENT, errno.ENOTDIR):
-        return DeviceNotFound(f"cannot {action} {path}: no such file")
-    if e.errno in (errno.ENODEV, errno.ENXIO, errno.EIO):
-        return DeviceGone(f"cannot {action} {path}: device gone ({e.strerror})")
-    return DeviceError(f"cannot {action} {path}: {e.strerror or e}")
+    """Map an OSError at the backend boundary onto our hierarchy (``os_errors``)."""
+    return translate(
+        e,
+        path,
+        action,
+        messages={
+            PermissionDenied: "cannot {action} {path}: permission denied; " + _HOW_TO_GET_PERMISSION
+        },
+    )
 
 
 class LocalSysfs:
@@ -64,6 +62,10 @@ class LocalSysfs:
 
     def _p(self, path: str) -> Path:
         return self.root / path.lstrip("/")
+
+    def real_path(self, path: str) -> str:
+        """The file's real path on this machine (symlinks resolved): names its lock."""
+        return os.path.realpath(self._p(path))
 
     def read(self, path: str) -> str:
         try:

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ..devices.base import DeviceError
-from .base import Calibration, Measurement, Meter
+from .base import Calibration, InvalidMeterSpec, Measurement, Meter
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +47,22 @@ def open_meter(spec: str, *, device: Any = None, root: str = "/") -> Meter:
                 reasons.append(f"{candidate}: {e}")
         raise DeviceError("no energy meter usable here (" + "; ".join(reasons) + ")")
     if name not in METERS:
-        raise ValueError(f"unknown meter {spec!r}; valid choices: {METER_CHOICES}")
+        raise InvalidMeterSpec(f"unknown meter {spec!r}; valid choices: {METER_CHOICES}")
     arg = arg if sep and arg else ""
     if name == "sim":
         from ..devices.sim import SimGpu
 
         if not isinstance(device, SimGpu):
-            raise ValueError("the sim meter measures the simulated GPU: open device sim[:profile]")
+            raise InvalidMeterSpec(
+                "the sim meter measures the simulated GPU: open device sim[:profile]"
+            )
         return _cls("sim")(device)
     if name == "battery":
         return _cls("battery")(root=root, supply=arg or None)
     if name == "rapl":
         return _cls("rapl")(root=root, zone=arg or None)
+    if name in ("nvml", "monsoon") and arg and not arg.isdigit():
+        raise InvalidMeterSpec(f"meter {spec!r}: {name} takes a number after ':', got {arg!r}")
     if name == "nvml":
         return _cls("nvml")(int(arg or 0))
     return _cls("monsoon")(int(arg) if arg else None)
@@ -78,4 +82,12 @@ def probe_meters(*, root: str = "/") -> list[tuple[str, bool, str]]:
     return found
 
 
-__all__ = ["METERS", "Calibration", "Measurement", "Meter", "open_meter", "probe_meters"]
+__all__ = [
+    "METERS",
+    "Calibration",
+    "InvalidMeterSpec",
+    "Measurement",
+    "Meter",
+    "open_meter",
+    "probe_meters",
+]

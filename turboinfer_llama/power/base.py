@@ -13,6 +13,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 
+class InvalidMeterSpec(ValueError):
+    """The meter spec names no meter, or one that cannot measure the given device.
+    A ``ValueError``, so callers that caught ``ValueError`` keep working."""
+
+
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """Energy over one window. ``simulated`` is True when no hardware was measured."""

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._clock import now_ns
-from ..devices.base import DeviceError, DeviceGone, DeviceNotFound, PermissionDenied
-from .settings import AdbSettings
+from .adb_settings import AdbSettings
+from .base import DeviceError, DeviceGone, DeviceNotFound, PermissionDenied
 
 if TYPE_CHECKING:
     import adbutils
