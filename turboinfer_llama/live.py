@@ -82,6 +82,9 @@ class SimulatedAccount:
     def on_decode_begin(self, graph: int) -> None:
         self.loop.on_decode_begin(graph)
 
+    def graph_end(self) -> None:
+        self.loop.graph_end()
+
     def on_decode_end(self, raw: Any, **kw: Any) -> None:
         self.loop.on_decode_end(raw, **kw)
 
@@ -251,6 +254,9 @@ class RealDeviceControl:
 
     def on_decode_begin(self, graph: int) -> None:
         self.governor.on_decode_begin(graph)
+
+    def graph_end(self) -> None:
+        self.governor.graph_end()
 
     def on_decode_end(self, raw: Any, **kw: Any) -> None:
         self.governor.on_decode_end(raw, **kw)

@@ -17,8 +17,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ._clock import now_ns
 from .devices.base import GpuDevice
 from .engine.events import Event, EventKind
@@ -161,12 +159,14 @@ class PowerSession:
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
+        if self._loop is not None:  # first: the executor's end-of-graph switch
+            self._loop.graph_end()
         raw = self._drain()
         ev = self.emit(EventKind.DECODE_END, graph=self._graph)
         if self._loop is not None:
             t_begin, n_tokens = self._decode_begin
             self._loop.on_decode_end(
-                raw if isinstance(raw, np.ndarray) else None,
+                raw,
                 graph=self._graph,
                 n_tokens=n_tokens,
                 t_begin_ns=t_begin,

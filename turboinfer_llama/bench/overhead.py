@@ -5,9 +5,10 @@
 Runs interleaved A/B rounds (plain, graph, layer, kernel, plain, ...) in one process
 so machine noise hits every side alike, and prints the median of the per-round
 ratios ours/plain. Decode tokens/s excludes prefill: it is timed from the first
-streamed token to the last. The hooks observe only (controller "none"), except in the ``graph+tmpc`` row: the live
-loop runs (tmpc plans every graph on its worker thread, the native executor fires the
-plan with the recording actuator of the simulated device). Their
+streamed token to the last. The hooks observe only (controller "none"), except in
+the ``graph+tmpc`` row: the live loop runs (tmpc plans every graph on its planner
+thread, the native executor fires the plan with the recording actuator of the
+simulated device). Their
 records are decoded into the timeline off the decode path, by a worker thread; each
 run's backlog is settled between runs, so it cannot slow the next side's run, and
 its cost is printed separately as deferred CPU time per token.
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     for g, rs in ratios.items():
         med = statistics.median(rs)
         if g == LIVE:
-            live = (ours[g].power.energy() or {}).get("live", {})
+            session = ours[g].power
+            live = ((session.energy() if session else None) or {}).get("live", {})
             print(
                 f"  live loop: {live.get('switches')} switches, {live.get('levels_used')} "
                 f"levels, plan {live.get('graph_plan_us_median')} us/graph (median), "

@@ -40,7 +40,7 @@ from .._clock import now_ns
 from ..devices.base import DeviceError, DeviceState, GpuDevice
 from ..engine.events import Event, EventKind
 from .base import Controller, Decision
-from .graph_batch import GraphBatch, NodeCosts, batch_from_records
+from .graph_batch import GraphBatch, NodeCosts, batch_from_records, records_array
 from .live_executor import LiveExecutor, make_executor
 from .plan import Applied, Plan
 
@@ -225,14 +225,19 @@ class Governor:
         if ex is not None and not self.failed:
             ex.graph_begin(graph)
 
+    def graph_end(self) -> None:
+        """Right after ``llama_decode`` returns: the executor's end of graph."""
+        ex = self.executor
+        if ex is not None and not self.failed:
+            ex.graph_end()
+
     def on_decode_end(
         self, raw: Any, *, graph: int, n_tokens: int, t_begin_ns: int, t_end_ns: int
     ) -> None:
-        """The graph's records (raw, from the hook's ring) go to the worker."""
+        """The graph's records (raw, from the hook's ring) go to the planner."""
         ex = self.executor
         if ex is None or self.failed:
             return
-        ex.graph_end()
         if self._worker is not None and raw is not None and len(raw):
             self._idle.clear()
             self._work_q.put((raw, graph, n_tokens, t_begin_ns, t_end_ns))
@@ -261,8 +266,11 @@ class Governor:
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
         start = time.perf_counter_ns()
         cpu0 = time.thread_time_ns()
+        rec = records_array(raw)  # the Python hook's tuples, converted here
+        if rec is None:
+            return
         batch: GraphBatch | None = batch_from_records(
-            raw,
+            rec,
             graph=graph,
             n_tokens=n_tokens,
             granularity=self._granularity,
@@ -272,6 +280,7 @@ class Governor:
         )
         if batch is None:
             return
+        time.sleep(0)  # hand the GIL to the engine thread if it is waiting for it
         with self._lock:
             if self.failed:
                 return
@@ -284,6 +293,7 @@ class Governor:
             if self._on_counters is not None and self.feedback != "engine-only":
                 self._read_counters()
             plan = self._on_graph(batch) if self._on_graph is not None else None
+        time.sleep(0)
         with self._lock:
             if plan is not None and not self.failed:
                 self._set_plan(plan)

@@ -113,6 +113,25 @@ class NodeCosts:
         return self.of(op, shape)
 
 
+def records_array(raw: object) -> np.ndarray | None:
+    """Hook records as ``RECORD_DTYPE``: the native ring's array as is; the Python
+    hook's tuples ``(t_ns, graph, node, phase, op, name, shape key)`` converted (the
+    fallback path, where this costs what the Python callback already costs)."""
+    if isinstance(raw, np.ndarray):
+        return raw
+    if not raw:
+        return None
+    from ..engine.hooks import RECORD_DTYPE
+
+    rows = list(raw)  # type: ignore[call-overload]
+    rec = np.zeros(len(rows), dtype=RECORD_DTYPE)
+    for i, (t_ns, graph, node, phase, op, name, key) in enumerate(rows):
+        flags, ne, typ, s0_ne, s0_type, s1_ne, s1_type, nbytes = key
+        rec[i] = (t_ns, graph, ne, s0_ne, s1_ne, nbytes, node, typ, s0_type, s1_type,
+                  phase, flags, b"", op, name)  # fmt: skip
+    return rec
+
+
 def batch_from_records(
     rec: np.ndarray,
     *,

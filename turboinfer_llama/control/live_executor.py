@@ -212,7 +212,7 @@ def _native_for(device: GpuDevice, levels_hz: list[int], record_only: bool) -> A
     if get is None and not record_only:
         return None
     try:
-        actuator = RecordActuator() if record_only else get()
+        actuator = RecordActuator() if record_only or get is None else get()
     except (DeviceError, OSError) as e:
         log.info("%s: no native actuator (%s); Python executor", getattr(device, "name", "?"), e)
         return None
