@@ -83,27 +83,25 @@ def test_thermal_cap_lowered_mid_generation(tiny_gguf, tmp_path, fault) -> None:
     fault.backend, fault.fault = "devfreq+Llama", "thermal cap lowered mid-generation"
     node = make_jetson_orin(tmp_path)["devfreq"]
     initial = devfreq_range(node)
-    seen: list[int] = []
     llm = _llama(tiny_gguf, node)
     try:
-        gpu = llm.power.live.device
-        real_set = gpu.set_hz
-
-        def set_hz(hz: int) -> int:
-            applied = real_set(hz)
-            seen.append(applied)
-            return applied
-
-        gpu.set_hz = set_hz  # type: ignore[method-assign]
+        gov = llm.power.live.governor
+        mark = [0]
 
         def inject() -> None:
             fault.inject()
-            seen.clear()
+            gov.health()  # the switches so far
+            mark[0] = len(gov.applied_entries)
             write(node / "max_freq", 510000000)
 
         assert _generate(llm, inject, at=6) == TOKENS
         assert llm.power.stats()["energy"]["health"]["ok"] is True
-        assert seen and max(seen) <= 510000000
+        after = list(gov.applied_entries)[mark[0] :]
+        # every switch after the cap was written (the executor's or the backend's)
+        assert after and max(a.freq_hz for a in after[1:] or after) <= 510000000
+        # and the files: pinned at or below the cap when generation ended
+        assert int((node / "min_freq").read_text()) <= 510000000
+        assert int((node / "max_freq").read_text()) <= 510000000
     finally:
         llm.close()
     assert devfreq_range(node) == initial

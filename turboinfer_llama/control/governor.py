@@ -28,6 +28,7 @@ disable: the controller then runs on engine timing alone (``feedback: engine-onl
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import queue
 import statistics
@@ -37,7 +38,7 @@ from collections import Counter, deque
 from typing import Any
 
 from .._clock import now_ns
-from ..devices.base import DeviceError, DeviceState, GpuDevice
+from ..devices.base import DeviceError, DeviceState, GpuDevice, Unsupported
 from ..engine.events import Event, EventKind
 from .base import Controller, Decision
 from .graph_batch import GraphBatch, NodeCosts, batch_from_records, records_array
@@ -115,6 +116,11 @@ class Governor:
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
+        top = len(self.levels_hz) - 1
+        self._cap_level = top  # thermal cap, as a level (see _check_cap)
+        self._last_plan: Plan | None = None
+        obs = getattr(device, "observe_cap_hz", None)
+        self._observe_cap = obs if callable(obs) and not record_only else None
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -223,7 +229,31 @@ class Governor:
     def on_decode_begin(self, graph: int) -> None:
         ex = self.executor
         if ex is not None and not self.failed:
+            if self._observe_cap is not None and ex.native:
+                self._check_cap(ex)
             ex.graph_begin(graph)
+
+    def _check_cap(self, ex: LiveExecutor) -> None:
+        """A cap written into the device's own max (a thermal daemon) while the native
+        executor, not the backend, does the writing: read it before each graph (one
+        sysfs read) and keep every later switch at or below it."""
+        cur = ex.cur_level()
+        written = self.levels_hz[cur] if cur >= 0 else None
+        try:
+            cap_hz = self._observe_cap(written)  # type: ignore[misc]
+        except (DeviceError, OSError) as e:
+            with self._lock:
+                self._fail(e)
+            return
+        cap = max(0, bisect.bisect_right(self.levels_hz, int(cap_hz)) - 1)
+        if cap == self._cap_level:
+            return
+        with self._lock:
+            self._cap_level = cap
+            if self._last_plan is not None:
+                self._set_plan(self._last_plan)  # re-set, clamped
+            if cur > cap:
+                ex.switch_now(cap)
 
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
@@ -325,13 +355,17 @@ class Governor:
                 self._pending_applied.extend(pairs)
         err = ex.error()
         if err is not None and not self.failed:
-            self._fail(DeviceError(f"executor: {err}"))
+            self._fail(ex.exception() or DeviceError(f"executor: {err}"))
 
     def _read_counters(self) -> None:
         try:
             counters = self.device.read_counters()
         except (DeviceError, OSError) as e:
-            # degrade, do not disable: steer on engine timing alone
+            if not isinstance(e, Unsupported):
+                # impossible readings or a device that went away: hand it back
+                self._fail(e)
+                return
+            # missing counters degrade, they do not disable: engine timing alone
             self.feedback = "engine-only"
             log.warning(
                 "%s: no usable counters (%s); tmpc runs on engine timing alone",
@@ -347,7 +381,8 @@ class Governor:
     def _set_plan(self, plan: Plan) -> None:
         ex = self.executor
         if ex is not None and not self.failed:
-            ex.set_plan(plan)
+            self._last_plan = plan
+            ex.set_plan(_clamped(plan, self._cap_level))
 
     def _push(self, d: Decision) -> None:
         self._seq += 1
@@ -361,7 +396,7 @@ class Governor:
             if ex is None:
                 return
             level = bisect.bisect_left(self.levels_hz, d.freq_hz)
-            ex.switch_now(min(level, len(self.levels_hz) - 1))
+            ex.switch_now(min(level, len(self.levels_hz) - 1, self._cap_level))
         if ex is not None and ex.error() is not None and not self.failed:
             self._collect_log()
 
@@ -428,3 +463,21 @@ class Governor:
 
 def _median_us(ns: list[int]) -> float | None:
     return statistics.median(ns) / 1e3 if ns else None
+
+
+def _clamped(plan: Plan, cap: int) -> Plan:
+    """``plan`` with every level at or below ``cap`` (a thermal cap seen live)."""
+
+    def c(level: int) -> int:
+        return min(level, cap) if level >= 0 else level
+
+    if max([plan.first_level, plan.end_level, plan.fallback_level]
+           + [s.level for s in plan.switches]) <= cap:  # fmt: skip
+        return plan
+    return dataclasses.replace(
+        plan,
+        first_level=c(plan.first_level),
+        end_level=c(plan.end_level),
+        fallback_level=c(plan.fallback_level),
+        switches=tuple(dataclasses.replace(s, level=c(s.level)) for s in plan.switches),
+    )

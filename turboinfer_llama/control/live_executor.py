@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from .._clock import now_ns
 from ..devices.base import DeviceError, GpuDevice
+from ..devices.os_errors import translate
 from .executor_model import ExecutorModel
 from .plan import Applied, Plan
 
@@ -39,6 +40,14 @@ class LiveExecutor(Protocol):
     def switch_now(self, level: int) -> None: ...
     def drain_log(self) -> list[Applied]: ...
     def error(self) -> str | None: ...
+    def exception(self) -> DeviceError | None:
+        """The failure as our own error type (None while healthy)."""
+        ...
+
+    def cur_level(self) -> int:
+        """The level last applied (-1 unknown)."""
+        ...
+
     def status(self) -> dict[str, Any]: ...
     def stop(self) -> None: ...
     def close(self) -> None: ...
@@ -64,6 +73,7 @@ class ThreadedExecutor:
         self._model = ExecutorModel(self._levels, initial_level=init, fail_at=self._actuate)
         self._seen = 0
         self._error: str | None = None
+        self._exc: DeviceError | None = None
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._timer, name="turboinfer-executor", daemon=True)
@@ -74,10 +84,21 @@ class ThreadedExecutor:
             return 0
         try:
             self._device.set_hz(self._levels[level])
-        except (DeviceError, OSError) as e:
+        except DeviceError as e:
+            self._exc = e
             self._error = f"{type(e).__name__}: {e}"
             return errno.EIO
+        except OSError as e:
+            self._exc = translate(e, getattr(self._device, "name", "?"), "set the clock of")
+            self._error = f"{type(self._exc).__name__}: {self._exc}"
+            return e.errno or errno.EIO
         return 0
+
+    def exception(self) -> DeviceError | None:
+        if self._exc is None and self._model.status.failed_errno:
+            code = self._model.status.failed_errno
+            return translate(OSError(code, os.strerror(code)), "the executor", "switch")
+        return self._exc
 
     def attach(self, hook: Any) -> bool:
         return False
@@ -116,6 +137,9 @@ class ThreadedExecutor:
         if self._error is None and self._model.status.failed_errno:
             return os.strerror(self._model.status.failed_errno)
         return self._error
+
+    def cur_level(self) -> int:
+        return int(self._model.status.cur_level)
 
     def status(self) -> dict[str, Any]:
         st = self._model.status
@@ -191,6 +215,16 @@ class NativeLiveExecutor:
     def error(self) -> str | None:
         code = self._ex.status().get("failed_errno", 0)
         return f"{os.strerror(code)} (errno {code})" if code else None
+
+    def exception(self) -> DeviceError | None:
+        code = self._ex.status().get("failed_errno", 0)
+        if not code:
+            return None
+        what = getattr(self._ex, "actuator", "the native executor")
+        return translate(OSError(code, os.strerror(code)), str(what), "write the clock of")
+
+    def cur_level(self) -> int:
+        return int(self._ex.status().get("cur_level", -1))
 
     def status(self) -> dict[str, Any]:
         return {"native": True, **self._ex.status()}

@@ -285,6 +285,15 @@ class DevfreqGpu(GuardedBackend):
             self._cap_hz = min(self._cap_hz, observed)
         return observed
 
+    def observe_cap_hz(self, written_max_hz: int | None) -> int:
+        """The cap now, when someone else (the native executor) wrote max_freq last:
+        ``written_max_hz`` is what it wrote; a lower max_freq is a cap to honour."""
+        self._check_open()
+        if written_max_hz is not None:
+            self._last_max_hz = written_max_hz
+        self._observe_max()
+        return self._cap_hz
+
     def rebase(self) -> None:
         """Take the state now as the one to put back on close (after the caller put
         back a state that a dead owner left)."""
@@ -330,7 +339,7 @@ class DevfreqGpu(GuardedBackend):
         """What ``set_hz`` writes for each level, for the native executor: the pinned
         min/max pair in Hz, or ``userspace/set_freq`` when that governor is active.
         Capped at the thermal cap known now. Local trees only."""
-        if not isinstance(self.io, LocalSysfs):
+        if type(self.io) is not LocalSysfs:  # a wrapped IO (faults, tests) sees every write
             raise Unsupported(f"{self.name}: the native executor writes local files only")
         root = self.io.root
 

@@ -542,7 +542,14 @@ class KmodDevice(GuardedBackend):
     def native_actuator(self) -> KmodActuator:
         """TI_SET_FREQ on this device from the native executor's own fd (its QoS
         request is dropped when the executor is destroyed). Don't pin from this object
-        meanwhile: the kernel would combine both requests."""
+        meanwhile: the kernel would combine both requests. Only the kernel's character
+        device takes a native ioctl (not a user-space stand-in)."""
+        try:
+            mode = os.stat(self.path).st_mode
+        except OSError as e:
+            raise translate(e, self.path, "open") from e
+        if not stat.S_ISCHR(mode):
+            raise Unsupported(f"{self.path} is not the module's character device")
         return KmodActuator(self.path)
 
 
