@@ -64,12 +64,7 @@ class ThreadedExecutor:
         self._device = device
         self._levels = list(levels_hz)
         self._lock = threading.Lock()  # guards the model, the log cursor and _error
-        init = -1
-        if device is not None:
-            try:
-                init = self._levels.index(device.current_hz())
-            except (ValueError, DeviceError, OSError):
-                init = -1
+        init = -1  # unknown: the first switch is always written (see _native_for)
         self._model = ExecutorModel(self._levels, initial_level=init, fail_at=self._actuate)
         self._seen = 0
         self._error: str | None = None
@@ -250,10 +245,14 @@ def _native_for(device: GpuDevice, levels_hz: list[int], record_only: bool) -> A
     except (DeviceError, OSError) as e:
         log.info("%s: no native actuator (%s); Python executor", getattr(device, "name", "?"), e)
         return None
-    try:
-        init = levels_hz.index(device.current_hz())
-    except (ValueError, DeviceError, OSError):
-        init = -1
+    # a real device's clock reading says nothing about what is pinned: the first
+    # switch is always written (-1 = unknown); the simulator's recorder starts where it is
+    init = -1
+    if record_only:
+        try:
+            init = levels_hz.index(device.current_hz())
+        except (ValueError, DeviceError, OSError):
+            init = -1
     try:
         return NativeLiveExecutor(NativeExecutor(levels_hz, actuator, initial_level=init))
     except ExecutorError as e:
