@@ -76,6 +76,7 @@ class PowerSession:
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
         self._closed = False
+        self.offload: dict[str, Any] | None = None  # set by Llama: where the layers run
         if isinstance(live, SimulatedAccount):
             self._sinks.append(live.add)
         self._wake = threading.Event()
@@ -237,6 +238,7 @@ class PowerSession:
                 "attached": hook is not None,
             },
             "device": energy.get("device") if energy else None,
+            "offload": self.offload,
             "controller": self.settings.controller,
             "energy": energy,
         }
