@@ -62,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--granularity",
         choices=("graph", "layer", "kernel"),
-        default="kernel",
-        help="hook granularity while recording (default kernel)",
+        default=None,
+        help="hook granularity (default: kernel when recording for the simulator; graph "
+        "on a real device, where each observed node forces a GPU sync: docs/gpu-backends.md)",
     )
     p.add_argument("--live-rounds", type=int, default=3, help="live on/off A/B rounds (0: skip)")
     p.add_argument(
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         latency_slack=args.latency_slack,
         repeats=args.repeats,
         seed=args.seed,
-        granularity=args.granularity,
+        granularity=args.granularity or "kernel",
         live_rounds=args.live_rounds,
         record=args.record,
         replay=args.replay,
@@ -153,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         allow_cpu=args.allow_cpu,
     )
     device, meter = _open_hardware(args.device, args.meter)
+    if device is not None and args.granularity is None:
+        cfg.granularity = "graph"  # no forced syncs while a real GPU runs the model
     try:
         return _run(args, cfg, device, meter)
     finally:
