@@ -52,7 +52,7 @@ $(VK_VENV)/.llama-stamp: scripts/vulkan-venv.sh
 	sh scripts/vulkan-venv.sh $(VK_VENV)
 
 $(VK_VENV)/.pkg-stamp: $(VK_VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h
-	$(VK_VENV)/bin/pip install -q -e ".[dev,model]"
+	$(VK_VENV)/bin/pip install -q -e ".[server,dev,model]"
 	touch $@
 
 vulkan-install: $(VK_VENV)/.pkg-stamp

@@ -163,12 +163,18 @@ def test_real_gpu_default_offloads_everything(tiny_gguf: Path, tmp_path: Path) -
         assert llm.power is not None
         off = llm.power.stats()["offload"]
     assert off["n_gpu_layers"] == -1 and off["gpu_share"] == 1.0 and off["warning"] is None
+    # llama.cpp counts the output layer: n_gpu_layers=N_LAYER puts the last
+    # N_LAYER - 1 repeating layers (here one) on the GPU, the output stays on the CPU.
     with Llama(
-        model_path=str(tiny_gguf), n_ctx=128, verbose=False, n_gpu_layers=1, power=power
+        model_path=str(tiny_gguf), n_ctx=128, verbose=False, n_gpu_layers=N_LAYER, power=power
     ) as llm:
         assert llm.power is not None
         off = llm.power.stats()["offload"]
-    assert off["layers_on_gpu"] == 1 and off["gpu_share"] == pytest.approx(1 / N_LAYER)
+    assert off["layers_on_gpu"] == N_LAYER - 1
+    assert off["gpu_share"] == pytest.approx((N_LAYER - 1) / N_LAYER)
+    # Only the output layer offloaded: no repeating layer on the GPU is the CPU case.
+    with pytest.raises(CpuInferenceError, match="none of the 2 layers on a GPU device"):
+        Llama(model_path=str(tiny_gguf), n_ctx=128, verbose=False, n_gpu_layers=1, power=power)
     with pytest.raises(CpuInferenceError, match="n_gpu_layers=0 keeps every layer"):
         Llama(model_path=str(tiny_gguf), n_ctx=128, verbose=False, n_gpu_layers=0, power=power)
 

@@ -32,6 +32,10 @@ BUILD_HELP = (
     "through Mesa Turnip, Mali; use -DGGML_OPENCL=ON for Adreno 7xx and newer); on a "
     "phone, examples/android/termux-run.sh setup does it in Termux."
 )
+LAYERS_HELP = (
+    "Offload the layers: leave n_gpu_layers unset or -1 (all). llama.cpp counts the "
+    "output layer too, offloading the last n_gpu_layers - 1 repeating layers."
+)
 ALLOW_HELP = "Set allow_cpu (TURBOINFER_ALLOW_CPU=1, --allow-cpu) to run anyway."
 
 
@@ -121,9 +125,9 @@ def check(model: Any, n_gpu_layers: int, *, device_name: str, allow_cpu: bool) -
                 ", ".join(p.gpu_devices),
             )
         return report
+    advice = BUILD_HELP if not report.gpu_backend else LAYERS_HELP
     message = (
-        f"{problem}: steering {device_name} is pointless while the model runs on the CPU. "
-        f"{BUILD_HELP}"
+        f"{problem}: steering {device_name} is pointless while the model runs on the CPU. {advice}"
     )
     if not allow_cpu:
         raise CpuInferenceError(f"{message} {ALLOW_HELP}")
