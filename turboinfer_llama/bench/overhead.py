@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "ok" if med >= TARGETS[g] else "BELOW TARGET"
         left = max(settle[g]) if settle[g] else 0.0
         print(f"{g:<12}{native!s:<8}{med:>14.3f}{TARGETS[g]:>8.2f}  {verdict:<13}{left:8.2f}")
+        print(f"{'':<12}per-round ratios: {', '.join(f'{r:.3f}' for r in rs)}")
     for llm in (plain, *ours.values()):
         llm.close()
     return 0
