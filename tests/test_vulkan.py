@@ -192,3 +192,54 @@ def test_probe_lists_the_vulkan_device(tmp_path: Path, capsys: pytest.CaptureFix
     assert report["llama_cpp"]["gpu_offload"] is True
     # lavapipe is not the Jetson's GPU: the probe must not claim it is.
     assert report["compute_matches_steered"]["match"] is False
+
+
+_ORDER_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import llama_cpp
+from test_hooks_decode import observe
+llama_cpp.llama_backend_init()
+out = {{}}
+for ngl in (0, 999):
+    p = llama_cpp.llama_model_default_params()
+    p.n_gpu_layers = ngl
+    m = llama_cpp.llama_model_load_from_file({model!r}.encode(), p)
+    out[ngl] = [e.op + " " + e.name for e in observe(m, "graph", True).steps[1][3]]
+    llama_cpp.llama_model_free(m)
+print("ORDER", json.dumps([out[0], out[999]]))
+"""
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_vulkan_reorders_nodes_unless_graph_optimize_is_off(
+    tiny_gguf: Path, optimize: bool
+) -> None:
+    """The hook sees nodes in the backend's execution order. ggml-vulkan's graph_optimize
+    regroups a split (Q, K and V matmuls side by side, so they run without barriers in
+    between): the same nodes as on the CPU, in another order. With
+    GGML_VK_DISABLE_GRAPH_OPTIMIZE=1 the order is the CPU's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("GGML_VK_DISABLE_GRAPH_OPTIMIZE", None)
+    if not optimize:
+        env["GGML_VK_DISABLE_GRAPH_OPTIMIZE"] = "1"
+    tests = str(Path(__file__).resolve().parent)
+    code = _ORDER_SCRIPT.format(tests=tests, model=str(tiny_gguf))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ORDER "))
+    cpu, vk = json.loads(line[len("ORDER ") :])
+    assert sorted(cpu) == sorted(vk) and len(cpu) > 0
+    if optimize:
+        assert cpu != vk
+        q = vk.index("MUL_MAT Qcur-0")
+        assert vk[q : q + 3] == ["MUL_MAT Qcur-0", "MUL_MAT Vcur-0", "MUL_MAT Kcur-0"]
+    else:
+        assert cpu == vk
