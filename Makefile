@@ -8,7 +8,13 @@ PIP        := $(VENV)/bin/pip
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 LLAMA_SPEC := llama-cpp-python[server]>=0.3.36,<0.4
 
-.PHONY: run test install sysdeps lint typecheck clean kmod
+# A second venv with llama.cpp's Vulkan backend, for the GPU-backend tests on Mesa's
+# lavapipe (a CPU Vulkan device; llama.cpp shows it only with GGML_VK_VISIBLE_DEVICES).
+VK_VENV    ?= .venv-vulkan
+VK_PY      := $(VK_VENV)/bin/python
+VK_ENV     := GGML_VK_VISIBLE_DEVICES=0
+
+.PHONY: run test install sysdeps lint typecheck clean kmod test-vulkan vulkan-install
 
 $(VENV)/.llama-stamp:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +39,32 @@ run: install
 
 test: install sysdeps
 	$(PY) -m pytest -q
+	@if [ -f $(VK_VENV)/.pkg-stamp ]; then \
+	  echo "make test: the Vulkan tests, under $(VK_VENV) (lavapipe)"; \
+	  $(VK_ENV) $(VK_PY) -m pytest -q -m vulkan; \
+	else \
+	  echo "make test: Vulkan tests skipped: no $(VK_VENV) (make test-vulkan builds it, ~7 min of CPU)"; \
+	fi
+
+# llama-cpp-python built with -DGGML_VULKAN=ON (scripts/vulkan-venv.sh: apt packages,
+# trixie's Vulkan headers unpacked under .cache/vulkan), then this package, editable.
+$(VK_VENV)/.llama-stamp: scripts/vulkan-venv.sh
+	sh scripts/vulkan-venv.sh $(VK_VENV)
+
+$(VK_VENV)/.pkg-stamp: $(VK_VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h
+	$(VK_VENV)/bin/pip install -q -e ".[server,dev,model]"
+	touch $@
+
+vulkan-install: $(VK_VENV)/.pkg-stamp
+
+# Every layer on lavapipe: drop-in, hook and offload tests, then the figures (hook
+# semantics per granularity, graph-granularity overhead). Timings are a CPU pretending
+# to be a GPU: read them as semantics and ratios only.
+test-vulkan: vulkan-install
+	$(VK_ENV) $(VK_PY) -m pytest -q -m vulkan
+	$(VK_ENV) $(VK_PY) -m turboinfer_llama.bench.gpu_hooks --n-gpu-layers -1 --tokens 8
+	$(VK_ENV) $(VK_PY) -m turboinfer_llama.bench.overhead --n-gpu-layers -1 \
+	  --granularities graph --rounds 3 --tokens 16
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -28,3 +28,37 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     path = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("TURBOINFER_STATE_DIR", str(path))
     return path
+
+
+VULKAN_VENV = Path(__file__).resolve().parent.parent / ".venv-vulkan"
+
+
+def _vulkan_device() -> str | None:
+    """Why this interpreter cannot run the Vulkan tests, or None when it can."""
+    try:
+        from turboinfer_llama.engine import backends
+
+        devs = backends.devices()
+    except Exception as e:  # llama_cpp missing or unloadable: say so in the skip
+        return f"llama.cpp's backend registry is unreadable here ({e})"
+    if any(d.backend == "Vulkan" for d in devs):
+        return None
+    if VULKAN_VENV.joinpath(".pkg-stamp").exists():
+        return (
+            "this interpreter's llama.cpp has no Vulkan device; `make test` runs these "
+            f"next under {VULKAN_VENV.name} (GGML_VK_VISIBLE_DEVICES=0 shows lavapipe)"
+        )
+    return (
+        f"no Vulkan venv ({VULKAN_VENV.name}): `make test-vulkan` builds llama.cpp with "
+        "Vulkan (~7 min of CPU) and runs these on lavapipe"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("vulkan")]
+    if not marked:
+        return
+    why = _vulkan_device()
+    if why is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=why))

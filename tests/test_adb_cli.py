@@ -102,9 +102,10 @@ def test_adb_deploy_failures_are_explained(tmp_path, monkeypatch, capsys, setup,
     assert phone.modules == {}
 
 
-def test_adb_bench_runs_the_model_on_the_phone(tmp_path, monkeypatch, capsys, tiny_gguf):
-    """The real runner: every controller drives the phone's KGSL live over adb while
-    the battery meter measures; the GPU is restored afterwards."""
+def test_adb_bench_control_only_without_termux(tmp_path, monkeypatch, capsys, tiny_gguf):
+    """The real runner, no Termux on the phone: every controller drives the phone's KGSL
+    live over adb while the battery meter measures and llama.cpp runs on the host, so
+    the report says control only; the GPU is restored afterwards."""
     phone = oneplus8(tmp_path / "phone")
     kgsl = phone.root / "sys/class/kgsl/kgsl-3d0"
     before = {f: (kgsl / f).read_text() for f in ("min_pwrlevel", "max_pwrlevel")}
@@ -112,6 +113,7 @@ def test_adb_bench_runs_the_model_on_the_phone(tmp_path, monkeypatch, capsys, ti
         assert main(["android", "bench", "--model", str(tiny_gguf)]) == 0
     out = capsys.readouterr().out
     report = json.loads(out[out.index("{") :])
+    assert report["inference"].startswith("control only: inference on the host")
     assert report["simulated"] is False
     assert report["energy_source"].startswith("measured")
     assert set(report["controllers"]) == {"default", "tmpc"}
@@ -144,6 +146,7 @@ def test_adb_bench_hands_phone_device_and_meter_to_runner(tmp_path, monkeypatch,
         assert main(["android", "bench", "--model", "m.gguf"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device"].startswith(f"adb:{phone.serial}")
+    assert out["control_only"] is True and "no Termux Python" in out["why_control_only"]
     assert seen["options"] == {"model": "m.gguf"}
     assert not seen["measurement"].simulated and seen["measurement"].energy_j > 0
     assert (kgsl / "min_pwrlevel").read_text().strip() == "6"  # restored after the run
@@ -197,8 +200,10 @@ def test_adb_termux_helper_script_dry_run():
 
     r = run("--dry-run", "bench", "model.gguf", "kmod")
     assert r.returncode == 0
-    assert r.stdout.strip() == "+ su -c turboinfer bench --model 'model.gguf' --device kmod"
-    r = run("--dry-run", "setup")
-    assert "+ pip install turboinfer-llama[server]" in r.stdout
+    assert r.stdout.strip() == (
+        "+ su -c turboinfer bench --model 'model.gguf' --device kmod --meter battery"
+    )
+    r = run("--dry-run", "setup", "turboinfer_llama-0.1.0.tar.gz")
+    assert "+ pip install turboinfer_llama-0.1.0.tar.gz[server]" in r.stdout
     assert run("--dry-run", "serve", "m.gguf", "sim").returncode == 2
     assert "Usage:" in run("--help").stdout

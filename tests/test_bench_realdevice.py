@@ -47,6 +47,7 @@ def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
             n_ctx=256,
             controllers=["default", "tmpc", "oracle"],
             live_rounds=0,
+            allow_cpu=True,  # this machine's llama.cpp is a CPU build
         )
         out = run_bench(cfg, device=device, meter=meter)
     finally:

@@ -290,7 +290,7 @@ import sys
 root_node, model = sys.argv[1], sys.argv[2]
 from turboinfer_llama import Llama
 llm = Llama(model_path=model, n_ctx=512, n_batch=512, n_ubatch=512, verbose=False, seed=1,
-            power={"device": "devfreq:" + root_node, "controller": "max"})
+            power={"device": "devfreq:" + root_node, "controller": "max", "allow_cpu": True})
 toks = llm.tokenize(b"hello world " * 80)[:480]
 llm.eval(toks[:8])  # the controller has pinned the clock by now
 print("READY", llm.power.stats()["energy"]["health"]["ok"], flush=True)

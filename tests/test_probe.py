@@ -49,3 +49,51 @@ def test_probe_empty_machine_tables(tmp_path, capsys) -> None:
 def test_probe_bad_root(tmp_path, capsys) -> None:
     assert main(["probe", "--root", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_probe_shows_llama_cpp_devices_beside_the_gpu(tmp_path, capsys) -> None:
+    from turboinfer_llama.engine import backends
+
+    make_oneplus8_kgsl(tmp_path)
+    report = probe_json(tmp_path, capsys)
+    llama = report["llama_cpp"]
+    assert llama["gpu_offload"] == backends.supports_gpu_offload()
+    assert any(d["backend"] == "CPU" and d["type"] == "cpu" for d in llama["devices"])
+    assert {b["name"] for b in llama["backends"]} >= {"CPU"}
+    verdict = report["compute_matches_steered"]
+    if not any(d["type"] in ("gpu", "igpu") for d in llama["devices"]):
+        assert verdict["match"] is False and "no GPU device" in verdict["why"]
+    else:  # a Vulkan host build (lavapipe) is no Adreno either
+        assert verdict["match"] is False and "kgsl" in verdict["why"]
+    assert main(["probe", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "llama.cpp compute devices" in out and "computes on the steered GPU: NO" in out
+
+
+def test_match_adreno_vulkan_device_with_kgsl() -> None:
+    from turboinfer_llama.commands.probe import match_backends
+
+    gpus = [{"backend": "kgsl", "name": "kgsl:kgsl-3d0"}]
+    adreno = {
+        "devices": [
+            {"name": "CPU", "type": "cpu", "description": "Kryo", "backend": "CPU"},
+            {
+                "name": "Vulkan0",
+                "type": "igpu",
+                "description": "Adreno (TM) 650",
+                "backend": "Vulkan",
+            },
+        ]
+    }
+    v = match_backends(gpus, adreno)
+    assert v["match"] is True and "Vulkan0" in v["why"] and "kgsl:kgsl-3d0" in v["why"]
+    mali = {
+        "devices": [
+            {"name": "Vulkan0", "type": "igpu", "description": "Mali-G76", "backend": "Vulkan"}
+        ]
+    }
+    v = match_backends(gpus, mali)
+    assert v["match"] is False and "Mali-G76" in v["why"]
+    assert match_backends([], adreno)["match"] is None
+    unknown = [{"backend": "devfreq", "name": "devfreq:fde60000.gpu"}]
+    assert match_backends(unknown, adreno)["match"] is None

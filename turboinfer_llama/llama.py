@@ -16,9 +16,12 @@ import llama_cpp
 import llama_cpp.llama_cpp as llama_capi
 from pydantic import ValidationError
 
+from . import offload
+from .devices.base import GpuDevice
+from .engine.backends import PlacementError
 from .engine.events import EventKind
 from .engine.hooks import EvalHook, make_hook
-from .live import attach
+from .live import RealDeviceControl, attach
 from .session import PowerSession
 from .settings import PowerSettings
 
@@ -85,6 +88,8 @@ class Llama(llama_cpp.Llama):
             return
         settings = _settings(power)
         live = attach(settings)  # a bad device spec fails here, before the model loads
+        steered = live.device if isinstance(live, RealDeviceControl) else None
+        offload.default_gpu_layers(kwargs, steered)  # all layers on a local real GPU
         hook = make_hook(settings.granularity, settings.ring_capacity, native=settings.native_hooks)
         try:
             with _eval_callback_in_context_params(hook):
@@ -97,6 +102,31 @@ class Llama(llama_cpp.Llama):
         self.power = PowerSession(settings, hook, live)
         # The ExitStack unwinds in reverse: this runs before the context is freed.
         self._stack.callback(self.power.detach)
+        self._check_offload(settings, steered)
+
+    def _check_offload(self, settings: PowerSettings, steered: GpuDevice | None) -> None:
+        """Where the layers went (``stats()["offload"]``); on a local real GPU, an
+        error (a warning with ``allow_cpu``) when none runs on a GPU device."""
+        assert self.power is not None
+        n_gpu_layers = int(self.model_params.n_gpu_layers)
+        n_gpu_layers = offload.ALL_LAYERS if n_gpu_layers >= 0x7FFFFFFF else n_gpu_layers
+        try:
+            if offload.steers_local_gpu(steered):
+                assert steered is not None
+                report = offload.check(
+                    self.model,
+                    n_gpu_layers,
+                    device_name=steered.name,
+                    allow_cpu=settings.allow_cpu,
+                )
+            else:
+                report = offload.inspect(self.model, n_gpu_layers)
+        except offload.CpuInferenceError:
+            self.close()  # gives the GPU back as found
+            raise
+        except PlacementError as e:  # only figures for stats() were at stake
+            report = offload.OffloadReport(n_gpu_layers, gpu_backend=True, warning=str(e))
+        self.power.offload = report.to_json()
 
     # -- per-token events --------------------------------------------------------
     def eval(self, tokens: Sequence[int]) -> None:

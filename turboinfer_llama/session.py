@@ -82,6 +82,7 @@ class PowerSession:
         self._loop: Live | None = live
         if live is not None:
             live.bind_hook(hook)
+        self.offload: dict[str, Any] | None = None  # set by Llama: where the layers run
         if isinstance(live, SimulatedAccount):
             self._sinks.append(live.add)
         self._wake = threading.Event()
@@ -262,6 +263,7 @@ class PowerSession:
                 "attached": hook is not None,
             },
             "device": energy.get("device") if energy else None,
+            "offload": self.offload,
             "controller": self.settings.controller,
             "energy": energy,
         }

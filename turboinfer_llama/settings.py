@@ -61,6 +61,12 @@ class PowerSettings(BaseSettings):
         description="Allowed latency increase over the default governor, as a fraction "
         "(0.02 = 2%).",
     )
+    allow_cpu: bool = Field(
+        default=False,
+        description="Run even when the model is on the CPU while a real local GPU "
+        "(kgsl, devfreq, kmod) is steered: a warning instead of an error. On such "
+        "devices every layer is offloaded unless n_gpu_layers says otherwise.",
+    )
     native_hooks: bool = Field(
         default=True,
         description="Use the compiled C hook library when available; False forces the "

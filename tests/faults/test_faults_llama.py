@@ -24,7 +24,7 @@ def _llama(model: Path, node: Path) -> Llama:
         n_ctx=256,
         verbose=False,
         seed=1,
-        power={"device": f"devfreq:{node}", "controller": "ztt"},
+        power={"device": f"devfreq:{node}", "controller": "ztt", "allow_cpu": True},
     )
 
 
@@ -117,6 +117,7 @@ def test_server_reports_a_vanished_gpu_in_v1_power(tiny_gguf, tmp_path, fault) -
     env = {
         **os.environ,
         "TURBOINFER_DEVICE": f"devfreq:{node}",
+        "TURBOINFER_ALLOW_CPU": "1",
         "TURBOINFER_CONTROLLER": "ztt",
     }
     srv = ServerProcess(tiny_gguf, "--n-ctx", "256", env=env)

@@ -1,25 +1,36 @@
-"""``turboinfer android bench``: the phone's GPU as the device (host-side control over
-adb) and its battery fuel gauge as the meter, handed to the project's benchmark runner.
+"""``turboinfer android bench``: the benchmark with the phone's GPU and battery.
 
-This module only builds the two pieces and checks the conditions for an honest energy
-figure (calibrated gauge, not charging); the workload loop is the runner's
-(``turboinfer_llama.bench.runner.run_bench``), so phone and desktop runs share it.
+Where the phone can (rooted, Termux with turboinfer and a GPU build of llama.cpp:
+``turboinfer android install``), the whole benchmark runs **on the phone**, in Termux:
+llama.cpp computes on the phone's GPU while the controllers steer it and the battery
+fuel gauge measures, so the energy is that of inference. The report comes back over
+adb, labelled ``inference: on the phone``.
+
+Otherwise it falls back to a **control-only** run: the phone's GPU as the device
+(host-side control over adb) and its fuel gauge as the meter, while llama.cpp runs on
+the host. That measures an idle phone with a steered clock, so the report says
+``control only: inference on the host, not measured energy of inference`` and why the
+phone path was not taken. The workload loop is the runner's
+(``turboinfer_llama.bench.runner.run_bench``) in both cases.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..devices.adb import AdbGpu, open_adb_gpu
 from ..devices.adb_link import AdbLink
 from ..devices.adb_settings import AdbSettings
 from ..devices.base import DeviceError
-from . import fuelgauge
+from . import fuelgauge, termux
 
 RUNNER = "turboinfer_llama.bench.runner"
 
@@ -95,14 +106,96 @@ def phone_rig(
         device.close()
 
 
+ON_PHONE = "on the phone: Termux, llama.cpp GPU build; measured energy of inference"
+CONTROL_ONLY = "control only: inference on the host, not measured energy of inference"
+PHONE_TIMEOUT_S = 3 * 3600.0
+PHONE_REPORT = f"{termux.PHONE_DIR}/bench-report.json"
+
+
+def _phone_device(link: AdbLink) -> str:
+    """The on-phone device spec: the kernel module if loaded, else KGSL, else devfreq."""
+    if link.run("[ -e /dev/turboinfer ]").ok:
+        return "kmod"
+    if link.run("[ -e /sys/class/kgsl/kgsl-3d0/gpuclk ]").ok:
+        return "kgsl"
+    return "devfreq"
+
+
+def run_on_phone(
+    link: AdbLink, options: dict[str, Any], *, force_charging: bool = False
+) -> dict[str, Any]:
+    """``turboinfer bench --device <phone GPU> --meter battery`` in Termux; its report."""
+    status = link.run(f"cat {fuelgauge.BATTERY_DIR}/status").out.strip()
+    if status in ("Charging", "Full") and not force_charging:
+        raise fuelgauge.ChargingError(f"{link.serial}: {fuelgauge.CHARGING_ADVICE}")
+    args = [
+        f"{termux.TERMUX_PREFIX}/bin/turboinfer",
+        "bench",
+        "--device",
+        _phone_device(link),
+        "--meter",
+        "battery",
+        "--live-rounds",
+        "0",
+        "--json",
+        PHONE_REPORT,
+    ]
+    model = options.get("model")
+    if model:
+        local = Path(model)
+        if not local.is_file():
+            raise DeviceError(f"model not found on the host: {model}")
+        remote = f"{termux.PHONE_DIR}/{local.name}"
+        link.run(f"mkdir -p {termux.PHONE_DIR}")
+        if not link.run(f"[ -f {shlex.quote(remote)} ]").ok:
+            link.push(local, remote)
+        args += ["--model", remote]
+    if options.get("controller"):
+        args += ["--controllers", str(options["controller"])]
+    link.run(f"rm -f {PHONE_REPORT}")
+    r = termux.run_in_termux(link, shlex.join(args), PHONE_TIMEOUT_S)
+    if not r.ok:
+        tail = "\n".join(r.out.strip().splitlines()[-15:])
+        raise DeviceError(f"the benchmark in Termux on {link.serial} failed (exit {r.rc}):\n{tail}")
+    text = link.run(f"cat {PHONE_REPORT}")
+    try:
+        report: dict[str, Any] = json.loads(text.out)
+    except json.JSONDecodeError as e:
+        raise DeviceError(f"no readable report at {link.serial}:{PHONE_REPORT} ({e})") from e
+    report["inference"] = ON_PHONE
+    report["control_only"] = False
+    return report
+
+
+@dataclass
+class PhoneBench:
+    """What ``run`` did: the report, and whether inference ran on the phone."""
+
+    report: dict[str, Any]
+    on_phone: bool
+    why: str
+
+
 def run(
     serial: str | None,
     options: dict[str, Any],
     *,
     force_charging: bool = False,
     settings: AdbSettings | None = None,
-) -> Any:
-    """Run the project's benchmark with the phone as device and meter."""
+) -> PhoneBench:
+    """The benchmark on the phone in Termux when it can; else control only (labelled)."""
+    settings = settings or AdbSettings()
+    link = AdbLink(serial, settings)
+    status = termux.find_termux(link)
+    if status.ready:
+        report = run_on_phone(link, options, force_charging=force_charging)
+        return PhoneBench(report, True, status.why)
     run_bench = find_runner()
-    with phone_rig(serial, settings=settings, force_charging=force_charging) as rig:
-        return run_bench(device=rig.device, meter=rig.meter, **options)
+    with phone_rig(link.serial, settings=settings, force_charging=force_charging) as rig:
+        outcome = run_bench(device=rig.device, meter=rig.meter, **options)
+    found = outcome if isinstance(outcome, dict) else getattr(outcome, "report", None)
+    report = dict(found or {})
+    report["inference"] = CONTROL_ONLY
+    report["control_only"] = True
+    report["why_control_only"] = status.why
+    return PhoneBench(report, False, status.why)

@@ -57,22 +57,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--n-gpu-layers", type=int, default=0, help="layers to offload, both sides (-1: all)"
+    )
+    ap.add_argument(
+        "--granularities",
+        default=",".join(TARGETS),
+        help=f"comma-separated subset of {','.join(TARGETS)}",
+    )
     args = ap.parse_args(argv)
     model = args.model or default_model()
-    common = {"model_path": model, "n_ctx": 512, "verbose": False, "n_threads": args.threads}
+    chosen = [g.strip() for g in args.granularities.split(",") if g.strip()]
+    bad = [g for g in chosen if g not in TARGETS]
+    if bad or not chosen:
+        ap.error(f"--granularities: choose from {', '.join(TARGETS)}, got {args.granularities!r}")
+    common = {
+        "model_path": model,
+        "n_ctx": 512,
+        "verbose": False,
+        "n_threads": args.threads,
+        "n_gpu_layers": args.n_gpu_layers,
+    }
     plain = llama_cpp.Llama(**common)
     ours = {
         g: Llama(**common, power={"granularity": g, "controller": "none"})
-        for g in TARGETS
+        for g in chosen
         if g != LIVE
     }
-    ours[LIVE] = Llama(
-        **common, power={"granularity": "graph", "controller": "tmpc", "device": "sim"}
-    )
-    settle: dict[str, list[float]] = {g: [] for g in TARGETS}
+    if LIVE in chosen:
+        ours[LIVE] = Llama(
+            **common, power={"granularity": "graph", "controller": "tmpc", "device": "sim"}
+        )
+    settle: dict[str, list[float]] = {g: [] for g in chosen}
     for llm in (plain, *ours.values()):  # warm-up
         _tps(llm, 8)
-    ratios: dict[str, list[float]] = {g: [] for g in TARGETS}
+    ratios: dict[str, list[float]] = {g: [] for g in chosen}
     plain_tps: list[float] = []
     for r in range(args.rounds):
         base = _tps(plain, args.tokens)
@@ -80,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         for g, llm in ours.items():
             ratios[g].append(_tps(llm, args.tokens, settle[g]) / base)
         print(f"round {r + 1}/{args.rounds}: plain {base:.1f} tok/s", flush=True)
-    print(f"\nmodel: {model}")
+    print(f"\nmodel: {model}, n_gpu_layers={args.n_gpu_layers}")
     print(f"plain llama_cpp.Llama decode: median {statistics.median(plain_tps):.1f} tok/s")
     print(
         f"{'granularity':<12}{'native':<8}{'median ratio':>14}{'target':>8}  verdict"
@@ -101,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "ok" if med >= TARGETS[g] else "BELOW TARGET"
         left = max(settle[g]) if settle[g] else 0.0
         print(f"{g:<12}{native!s:<8}{med:>14.3f}{TARGETS[g]:>8.2f}  {verdict:<13}{left:8.2f}")
+        print(f"{'':<12}per-round ratios: {', '.join(f'{r:.3f}' for r in rs)}")
     for llm in (plain, *ours.values()):
         llm.close()
     return 0

@@ -24,6 +24,7 @@ from ..devices.base import DeviceError
 from ..engine.events import Event, EventKind
 from ..engine.segments import Segment
 from ..engine.timeline import Timeline
+from ..offload import CpuInferenceError
 from ..trace.record import TraceFormatError, load_trace, save_trace
 from .prompts import BUILTIN_PROMPTS
 from .timing import decode_tokens_per_s
@@ -56,6 +57,10 @@ class BenchConfig:
     record: str | None = None
     replay: str | None = None
     timing: bool = True  # False: omit wall-clock decision times (byte-identical JSON)
+    # Real local GPU: layers to offload (None: all of them) and whether a model left on
+    # the CPU is only a warning (None: PowerSettings' TURBOINFER_ALLOW_CPU).
+    n_gpu_layers: int | None = None
+    allow_cpu: bool | None = None
 
 
 @dataclass
@@ -231,10 +236,17 @@ def live_on_device(
 ) -> dict[str, ReplayResult]:
     """Real hardware: each controller drives ``device`` live over the same prompts while
     ``meter`` measures the energy. The offline oracle cannot run live and is skipped."""
+    from .. import offload
     from ..llama import Llama
+    from ..settings import PowerSettings
 
     names = [n for n in cfg.controllers if n != "oracle"]
     results: dict[str, ReplayResult] = {}
+    gpu_kwargs: dict[str, Any] = {}
+    if cfg.n_gpu_layers is not None:
+        gpu_kwargs["n_gpu_layers"] = cfg.n_gpu_layers
+    offload.default_gpu_layers(gpu_kwargs, device)
+    allow_cpu = PowerSettings().allow_cpu if cfg.allow_cpu is None else cfg.allow_cpu
     with Llama(
         model_path=model,
         n_ctx=cfg.n_ctx,
@@ -246,9 +258,18 @@ def live_on_device(
             "controller": "none",
             "latency_slack": cfg.latency_slack,
         },
+        **gpu_kwargs,
     ) as llm:
         power = llm.power
         assert power is not None
+        if offload.steers_local_gpu(device):
+            report = offload.check(
+                llm.model,
+                int(gpu_kwargs.get("n_gpu_layers", 0)),
+                device_name=device.name,
+                allow_cpu=allow_cpu,
+            )
+            power.offload = report.to_json()
         for i, name in enumerate(names):
             power.control(device, name)
             first = len(power.timeline)
@@ -404,6 +425,8 @@ def run_bench(
             measured = live_on_device(cfg, model, device, meter, progress)
         except KeyboardInterrupt:
             interrupted = True
+        except CpuInferenceError as e:
+            raise BenchError(str(e)) from e
         source = getattr(meter, "source", None) or type(meter).__name__
         report = build_report(cfg, model, measured, None, meter_source=str(source))
         report["device"] = device.name

@@ -1,4 +1,4 @@
-"""``turboinfer android probe|deploy|calibrate|bench|restore|push-run``: a phone on USB,
+"""``turboinfer android probe|deploy|calibrate|install|bench|restore|push-run``: a phone on USB,
 driven from the host over adb (adb server from TURBOINFER_ADB_SERVER or adb's own
 ANDROID_ADB_SERVER_PORT)."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="report energy even while the phone charges (numbers are then wrong)",
     )
     sp.set_defaults(func=_bench)
+
+    sp = sub.add_parser(
+        "install",
+        help="build our sdist here, push it, and install it in Termux with a GPU build "
+        "of llama-cpp-python (never from a package index)",
+    )
+    common(sp)
+    sp.add_argument(
+        "--dist",
+        type=Path,
+        help="a turboinfer-llama wheel or sdist to push (default: an sdist of this checkout)",
+    )
+    gpu = sp.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--vulkan",
+        dest="gpu_backend",
+        action="store_const",
+        const="vulkan",
+        help="llama.cpp's Vulkan backend (default; Adreno 6xx via Turnip, Mali)",
+    )
+    gpu.add_argument(
+        "--opencl",
+        dest="gpu_backend",
+        action="store_const",
+        const="opencl",
+        help="llama.cpp's OpenCL backend (Adreno 7xx and newer)",
+    )
+    sp.add_argument(
+        "--push-only",
+        action="store_true",
+        help="push the files and print the Termux command instead of running it",
+    )
+    sp.set_defaults(func=_install, gpu_backend="vulkan")
 
     sp = sub.add_parser("restore", help="put back GPU settings left pinned by a lost connection")
     common(sp)
@@ -143,16 +177,46 @@ def _bench(args: argparse.Namespace) -> int:
         result = run(args.serial, options, force_charging=args.force_charging, settings=_settings())
     except (RunnerMissing, DeviceError, BenchError) as e:
         raise CliError(str(e)) from e
-    report = getattr(result, "report", None)
-    if report is not None:
+    report = result.report
+    headline = f"turboinfer android bench: {report['inference']}"
+    if not result.on_phone:
+        headline += f" (why: {result.why})"
+    print(headline, file=sys.stderr)
+    if report.get("controllers"):
         from rich.console import Console
 
         from ..bench.report import table
 
         Console().print(table(report))
-        print(json.dumps(report, indent=2, sort_keys=True))
-    elif result is not None:
-        print(result if isinstance(result, str) else json.dumps(result, indent=2, default=str))
+    print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    from ..android.termux import install
+    from ..devices.adb_link import AdbLink
+    from ..devices.base import DeviceError
+
+    script = _examples_dir() / "termux-run.sh"
+    if not script.is_file():
+        raise CliError(f"the Termux script is missing: {script} (source checkout needed)")
+    try:
+        report = install(
+            AdbLink(args.serial, _settings()),
+            dist=args.dist,
+            backend=args.gpu_backend,
+            script=script,
+            run_setup=not args.push_only,
+        )
+    except DeviceError as e:
+        raise CliError(str(e)) from e
+    for step in report.steps:
+        print(f"  {step}")
+    if report.ran_setup:
+        print(
+            f"turboinfer installed in Termux on {report.serial}; "
+            "`turboinfer android bench` now runs inference on the phone"
+        )
     return 0
 
 

@@ -42,6 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="energy meter for a real device: battery[:supply], rapl[:zone], nvml[:index], "
         "monsoon[:serial] (a simulated device is metered by the simulator)",
     )
+    p.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=None,
+        help="layers to offload to the GPU on a real local device (default: all, -1)",
+    )
+    p.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        default=None,
+        help="on a real local GPU, run even if the model stays on the CPU (a warning, "
+        "not an error; env TURBOINFER_ALLOW_CPU)",
+    )
     p.add_argument("--all", action="store_true", help=f"run {','.join(ALL_CONTROLLERS)}")
     p.add_argument("--latency-slack", type=float, default=0.02, help="fraction (default 0.02)")
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt (default 1)")
@@ -49,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--granularity",
         choices=("graph", "layer", "kernel"),
-        default="kernel",
-        help="hook granularity while recording (default kernel)",
+        default=None,
+        help="hook granularity (default: kernel when recording for the simulator; graph "
+        "on a real device, where each observed node forces a GPU sync: docs/gpu-backends.md)",
     )
     p.add_argument("--live-rounds", type=int, default=3, help="live on/off A/B rounds (0: skip)")
     p.add_argument(
@@ -131,13 +145,17 @@ def run(args: argparse.Namespace) -> int:
         latency_slack=args.latency_slack,
         repeats=args.repeats,
         seed=args.seed,
-        granularity=args.granularity,
+        granularity=args.granularity or "kernel",
         live_rounds=args.live_rounds,
         record=args.record,
         replay=args.replay,
         timing=not args.no_timing,
+        n_gpu_layers=args.n_gpu_layers,
+        allow_cpu=args.allow_cpu,
     )
     device, meter = _open_hardware(args.device, args.meter)
+    if device is not None and args.granularity is None:
+        cfg.granularity = "graph"  # no forced syncs while a real GPU runs the model
     try:
         return _run(args, cfg, device, meter)
     finally:

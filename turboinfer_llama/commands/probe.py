@@ -101,6 +101,66 @@ def warnings(report: dict[str, Any]) -> list[str]:
     ]
 
 
+# Words that name a sysfs GPU's vendor, and the words its llama.cpp device would carry
+# (Vulkan/OpenCL device descriptions: "Adreno (TM) 650", "Mali-G76", "NVIDIA Orin").
+_VENDOR_WORDS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("kgsl", "adreno"), ("adreno", "qualcomm", "turnip")),
+    (("mali",), ("mali",)),
+    (("ga10b", "gv11b", "gp10b", "tegra"), ("nvidia", "orin", "tegra", "xavier")),
+)
+
+
+def _llama_cpp_devices() -> dict[str, Any]:
+    """llama.cpp's view: ggml's backend registry (backends, devices, memory)."""
+    from ..engine.backends import backends, devices, supports_gpu_offload
+    from ..engine.ggml_mirror import GgmlUnavailable
+
+    try:
+        return {
+            "gpu_offload": supports_gpu_offload(),
+            "backends": backends(),
+            "devices": [d.to_json() for d in devices()],
+        }
+    except (GgmlUnavailable, ImportError) as e:
+        return {"gpu_offload": False, "backends": [], "devices": [], "error": str(e)}
+
+
+def match_backends(gpus: list[dict[str, Any]], llama: dict[str, Any]) -> dict[str, Any]:
+    """Does llama.cpp compute on the GPU whose clock we would steer?"""
+    compute = [d for d in llama.get("devices", []) if d["type"] in ("gpu", "igpu")]
+    steer = [g for g in gpus if "error" not in g]
+    if not steer:
+        return {"match": None, "why": "no real GPU to steer here (the simulator stands in)"}
+    names = ", ".join(g["name"] for g in steer)
+    if not compute:
+        return {
+            "match": False,
+            "why": f"llama.cpp has no GPU device: the model would run on the CPU while "
+            f"{names} is steered; build llama-cpp-python with -DGGML_VULKAN=ON "
+            "(or -DGGML_OPENCL=ON on Adreno 7xx and newer)",
+        }
+    for g in steer:
+        key = g["name"].lower()
+        for sysfs_words, llama_words in _VENDOR_WORDS:
+            if not any(w in key for w in sysfs_words):
+                continue
+            hits = [d for d in compute if any(w in d["description"].lower() for w in llama_words)]
+            if hits:
+                d = hits[0]
+                return {
+                    "match": True,
+                    "why": f'{d["backend"]} device {d["name"]} "{d["description"]}" '
+                    f"is the GPU behind {g['name']}",
+                }
+            listed = ", ".join(f'{d["name"]} "{d["description"]}"' for d in compute)
+            return {
+                "match": False,
+                "why": f"{g['name']} is steered, but llama.cpp computes on {listed}",
+            }
+    listed = ", ".join(f'{d["name"]} "{d["description"]}"' for d in compute)
+    return {"match": None, "why": f"cannot tell whether {listed} is the GPU behind {names}"}
+
+
 def collect(root: str) -> dict[str, Any]:
     from ..devices import probe as probe_backend
     from ..devices.sim import DEFAULT_PROFILE, SimGpu, list_profiles
@@ -116,11 +176,15 @@ def collect(root: str) -> dict[str, Any]:
         {"meter": name, "usable": ok, "why": why} for name, ok, why in probe_meters(root=root)
     ]
     meters.insert(0, {"meter": "sim", "usable": True, "why": "simulated GPU energy integral"})
+    gpus = _real_devices(root)
+    llama = _llama_cpp_devices()
     return {
         "root": root,
         "leftover_state": _leftover_state(),
         "backends": backends,
-        "devices": _real_devices(root),
+        "devices": gpus,
+        "llama_cpp": llama,
+        "compute_matches_steered": match_backends(gpus, llama),
         "auto_picks": auto if auto != "sim" else f"sim:{DEFAULT_PROFILE} (simulated)",
         "simulator": {"profiles": list_profiles(), "default": _describe(sim)},
         "meters": meters,
@@ -165,6 +229,28 @@ def _print_tables(report: dict[str, Any]) -> None:
     if not report["devices"]:
         t.add_row("-", "none", "", "", "", "", "")
     console.print(t)
+
+    llama = report["llama_cpp"]
+    t = Table(
+        title="llama.cpp compute devices (ggml backend registry; "
+        f"GPU offload {'yes' if llama['gpu_offload'] else 'no'})"
+    )
+    for col in ("backend", "device", "type", "description", "memory MiB (free/total)"):
+        t.add_column(col)
+    for d in llama["devices"]:
+        t.add_row(
+            d["backend"],
+            d["name"],
+            d["type"],
+            d["description"],
+            f"{d['memory_free_bytes'] >> 20}/{d['memory_total_bytes'] >> 20}",
+        )
+    if llama.get("error"):
+        t.add_row("-", "", "", llama["error"], "")
+    console.print(t)
+    verdict = report["compute_matches_steered"]
+    word = {True: "yes", False: "NO", None: "unknown"}[verdict["match"]]
+    console.print(f"llama.cpp computes on the steered GPU: [bold]{word}[/bold] ({verdict['why']})")
 
     sim = report["simulator"]
     console.print(

@@ -23,7 +23,11 @@ log = logging.getLogger(__name__)
 def _llama_class_for(settings: adapter.ModelSettings) -> type:
     if not isinstance(settings, TurboModelSettings):
         raise TypeError(f"expected TurboModelSettings, got {type(settings).__name__}")
-    return served_llama_class(settings.power_saving, settings.power_settings())
+    return served_llama_class(
+        settings.power_saving,
+        settings.power_settings(),
+        gpu_layers_set="n_gpu_layers" in settings.model_fields_set,
+    )
 
 
 def power_report(ledger: RequestLedger) -> dict[str, Any]:

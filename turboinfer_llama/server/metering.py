@@ -124,12 +124,18 @@ class MeteredLlama(Llama):
                 rec.add_energy(e1 - e0 if e0 is not None and e1 is not None else None, simulated)
 
 
-def served_llama_class(power_saving: bool, power: PowerSettings) -> type[MeteredLlama]:
+def served_llama_class(
+    power_saving: bool, power: PowerSettings, *, gpu_layers_set: bool = True
+) -> type[MeteredLlama]:
     """A ``MeteredLlama`` whose constructor always gets these power settings (the server's
-    model loader only passes llama-cpp-python's arguments)."""
+    model loader only passes llama-cpp-python's arguments). ``gpu_layers_set`` False:
+    the user gave no --n-gpu-layers, so the loader's default 0 is dropped and ``Llama``
+    chooses (every layer on a local real GPU)."""
 
     class ServedLlama(MeteredLlama):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if not gpu_layers_set:
+                kwargs.pop("n_gpu_layers", None)
             super().__init__(*args, power_saving=power_saving, power=power, **kwargs)
 
     return ServedLlama
