@@ -307,8 +307,13 @@ def test_signal_during_a_long_decode(tmp_path, _state_dir, tiny_gguf, sig) -> No
     paths = make_jetson_orin(tmp_path)
     node = str(paths["devfreq"])
     proc, (ok,) = spawn(DECODE_CHILD, node, str(tiny_gguf))
-    assert ok == "True"
-    assert devfreq_range(paths) == ("1300500000", "1300500000")  # "max" pinned the top
+    try:
+        assert ok == "True"
+        assert devfreq_range(paths) == ("1300500000", "1300500000")  # "max" pinned the top
+    except BaseException:  # never leave the decoding child running
+        proc.kill()
+        proc.wait()
+        raise
     time.sleep(0.3)  # well inside the decode loop
     took = kill_and_time(
         proc,
