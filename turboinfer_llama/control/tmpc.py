@@ -311,12 +311,7 @@ class TubeMPC:
             self._time_scale[phase] = ts
             g.tabulate(pm, self.levels_hz, host, self.power, ts)
             self._templates[phase] = g
-            edges = np.linspace(0, g.n, min(g.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
-            k_chunks = np.diff(g.cum_kernel_ns[edges], axis=0) * (scale / ts)
-            h_chunks = np.diff(g.cum_host_ns[edges]) * scale
-            ref = 0.0
-            for kc, hc in zip(k_chunks, h_chunks, strict=True):
-                ref += self.shadow.run_compute(kc, float(hc))
+            ref = _shadow_run(self.shadow, g, scale / ts, scale)
         else:
             ref = measured
             self.shadow.run_stall(measured)
@@ -346,12 +341,7 @@ class TubeMPC:
         if tpl is None:
             return self.top
         probe = copy.copy(self.shadow)
-        edges = np.linspace(0, tpl.n, min(tpl.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
-        ref = 0.0
-        for kc, hc in zip(
-            np.diff(tpl.cum_kernel_ns[edges], axis=0), np.diff(tpl.cum_host_ns[edges]), strict=True
-        ):
-            ref += probe.run_compute(kc, float(hc))
+        ref = _shadow_run(probe, tpl)
         r = self.rel_err.estimate().upper_ns
         ok = tpl.graph_ns * (1.0 + r) <= ref * (1.0 + self.slack)
         cand = np.where(ok, tpl.energy_j, np.inf)
@@ -455,3 +445,14 @@ class TubeMPC:
             gain=self.gain if node_keyed else 0.0,
             switches=tuple(sw),
         )
+
+
+def _shadow_run(
+    shadow: DefaultShadow, tpl: PhaseTemplate, k_scale: float = 1.0, h_scale: float = 1.0
+) -> float:
+    """The default governor's shadow through ``tpl`` in about one chunk per layer (its
+    windows then see the graph's real mix of busy and host time); returns the ns."""
+    edges = np.linspace(0, tpl.n, min(tpl.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
+    k_chunks = np.diff(tpl.cum_kernel_ns[edges], axis=0) * k_scale
+    h_chunks = np.diff(tpl.cum_host_ns[edges]) * h_scale
+    return sum(shadow.run_compute(kc, float(hc)) for kc, hc in zip(k_chunks, h_chunks, strict=True))
