@@ -244,7 +244,9 @@ def test_slumber_after_idle_timeout() -> None:
 
 def test_lower_clock_saves_energy_on_memory_bound_work() -> None:
     def run(hz: int) -> tuple[float, int]:
-        gpu = SimGpu(dataclasses.replace(load_profile("adreno650"), bus_coupling=0.0), governor=None)
+        gpu = SimGpu(
+            dataclasses.replace(load_profile("adreno650"), bus_coupling=0.0), governor=None
+        )
         gpu.set_hz(hz)
         gpu.advance_to(gpu.capabilities.switch_latency_ns)
         t0, e0 = gpu.now_ns(), gpu.energy_j
@@ -444,10 +446,18 @@ def _scenario(gpu: SimGpu, batched: bool, seed: int, switches: bool) -> None:
     caller sets the clock at fixed virtual instants (splitting kernels as replay does)."""
     rng = np.random.default_rng(seed)
     levels = gpu.frequencies_hz()
-    plan = [(int(t), levels[int(k)]) for t, k in zip(
-        np.cumsum(rng.uniform(0.3, 4.0, size=200) * MS), rng.integers(0, len(levels), 200),
-        strict=True,
-    )] if switches else []
+    plan = (
+        [
+            (int(t), levels[int(k)])
+            for t, k in zip(
+                np.cumsum(rng.uniform(0.3, 4.0, size=200) * MS),
+                rng.integers(0, len(levels), 200),
+                strict=True,
+            )
+        ]
+        if switches
+        else []
+    )
     for graph in range(12):
         f, b, g = _kernels(rng, 300)
         phase = "prefill" if graph == 0 else "decode"
@@ -534,8 +544,9 @@ def test_run_batch_stops_at_the_instant_and_splits_like_replay() -> None:
     res = gpu.run_batch(f, np.zeros(3), g, phase="decode", stop_at_ns=1_250_000)
     assert (res.n_done, res.gap_left_ns, res.work_left) == (1, 250_000, 1.0)
     assert gpu.now_ns() == 1_250_000 and list(res.end_ns) == [1 * MS]
-    res = gpu.run_batch(f[1:], np.zeros(2), np.array([250_000, 0]), phase="decode",
-                        stop_at_ns=2_000_000)
+    res = gpu.run_batch(
+        f[1:], np.zeros(2), np.array([250_000, 0]), phase="decode", stop_at_ns=2_000_000
+    )
     assert res.n_done == 0 and res.gap_left_ns == 0
     assert res.work_left == pytest.approx(0.5)
     assert gpu.now_ns() == 2 * MS

@@ -42,6 +42,7 @@ __all__ = [
     "Switches",
     "applied_energy",
     "default_shadow",
+    "phase_split",
     "phone_segments",
     "static_levels",
 ]
@@ -172,8 +173,14 @@ class PhoneTrace:
     _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, segments: Sequence[Segment], profile: SimProfile) -> PhoneTrace:
-        """Walk the recorded segments once (the phone host model applied)."""
+    def build(
+        cls, segments: Sequence[Segment], profile: SimProfile, *, host_model: bool = True
+    ) -> PhoneTrace:
+        """Walk the recorded segments once, applying the phone host model; with
+        ``host_model=False`` the segments are taken as they are (already through
+        ``phone_segments``, or a synthetic trace): inter-kernel stalls become the gap
+        before the next kernel, stalls keep their length, and kernels without
+        per-kernel timing get the profile's ``host_submission_ns``, as replay does."""
         if not segments:
             raise ValueError("accounting needs at least one segment")
         segs = _graph_ids(segments)
@@ -183,6 +190,8 @@ class PhoneTrace:
         n_kernels = 0
         tokens = 0
         index: dict[tuple[int, int], int] = {}
+        costs: dict[Any, tuple[float, float]] = {}
+        pending_gap = 0  # host_model=False: inter-kernel stall before the next kernel
         i = 0
         n = len(segs)
         while i < n:
@@ -194,12 +203,14 @@ class PhoneTrace:
                 kind = s.stall or StallKind.IDLE
                 i += 1
                 if kind is StallKind.INTER_KERNEL:
-                    continue  # replaced by the host model
+                    if not host_model:
+                        pending_gap += int(s.dur_ns)
+                    continue  # else replaced by the host model
                 if kind is StallKind.IDLE:
                     request = -1
                     steps.append(_Stall(int(s.dur_ns), kind.value, s.phase, -1))
                     continue
-                dur = profile.scale_host_ns(s.dur_ns)
+                dur = profile.scale_host_ns(s.dur_ns) if host_model else int(s.dur_ns)
                 tok = -1
                 if kind is StallKind.SAMPLE and request >= 0:
                     tok = request
@@ -210,6 +221,7 @@ class PhoneTrace:
             flops: list[float] = []
             bytes_: list[float] = []
             nodes: list[int] = []
+            own_gaps: list[int] = []
             while i < n and (
                 (segs[i].kind == "kernel" and segs[i].graph == graph)
                 or segs[i].stall is StallKind.INTER_KERNEL
@@ -217,13 +229,36 @@ class PhoneTrace:
                 k = segs[i]
                 i += 1
                 if k.kind != "kernel":
+                    if not host_model:
+                        pending_gap += int(k.dur_ns)
                     continue
-                c = cost(k.op, k.shape)
-                if c.is_noop:
+                sh = k.shape
+                key = (
+                    k.op,
+                    None
+                    if sh is None
+                    else (
+                        sh.ne,
+                        sh.type,
+                        sh.src0_ne,
+                        sh.src0_type,
+                        sh.src1_ne,
+                        sh.src1_type,
+                        sh.nbytes,
+                    ),
+                )
+                work = costs.get(key)
+                if work is None:
+                    c = cost(k.op, sh)
+                    work = costs[key] = (c.flops, c.bytes)
+                if work == (0, 0):
                     continue
-                flops.append(c.flops)
-                bytes_.append(c.bytes)
+                flops.append(work[0])
+                bytes_.append(work[1])
                 nodes.append(k.node)
+                if not host_model:
+                    own_gaps.append(pending_gap + (0 if k.timed else profile.host_submission_ns))
+                    pending_gap = 0
             if not flops:
                 continue
             for j, node in enumerate(nodes):
@@ -234,7 +269,9 @@ class PhoneTrace:
                     phase,
                     np.asarray(flops, dtype=np.float64),
                     np.asarray(bytes_, dtype=np.float64),
-                    profile.host_gaps_ns(len(flops)),
+                    profile.host_gaps_ns(len(flops))
+                    if host_model
+                    else np.asarray(own_gaps, dtype=np.int64),
                     n_kernels,
                     np.asarray(nodes, dtype=np.int64),
                 )
@@ -305,9 +342,12 @@ def _run(
     dev: SimGpu,
     switches: Switches | None,
     background: Sequence[tuple[int, float]] = (),
+    phase_hz: tuple[int, int] | None = None,
 ) -> Account:
     """Run ``trace`` on ``dev`` applying ``switches``; ``background`` is a list of
-    (virtual t_ns, DRAM share) changes (other apps' load starting or stopping)."""
+    (virtual t_ns, DRAM share) changes (other apps' load starting or stopping).
+    ``phase_hz`` = (prefill, decode) issues the prefill level as each prefill graph's
+    submit begins and the decode level as it ends, as the ``phase`` baseline does."""
     cpu0 = time.process_time()
     t_start = dev.now_ns()
     e0 = dev.energy_j
@@ -324,7 +364,9 @@ def _run(
             if k >= 0:
                 by_kernel.setdefault(k, []).append(int(switches.freq_hz[j]))
             else:
-                timed.append((t_start + int(switches.at_ns[j]), j, "hz", float(switches.freq_hz[j])))
+                timed.append(
+                    (t_start + int(switches.at_ns[j]), j, "hz", float(switches.freq_hz[j]))
+                )
     for j, (t, share) in enumerate(background):
         timed.append((t_start + int(t), -1 - j, "bg", share))
     timed.sort()
@@ -354,6 +396,8 @@ def _run(
             token_ns.setdefault(req, [])
         fire_due()
         if isinstance(step, _Stall):
+            if phase_hz is not None and step.kind == "submit" and step.phase == "prefill":
+                dev.set_hz(phase_hz[0])
             end = dev.now_ns() + step.dur_ns
             first = True
             while True:
@@ -391,15 +435,15 @@ def _run(
             if cut < n:
                 for hz in by_kernel[lo + cut]:
                     dev.set_hz(hz)
+        if phase_hz is not None and step.phase == "prefill":
+            dev.set_hz(phase_hz[1])
     ttft: list[int] = []
     gaps: list[int] = []
     for req, times in token_ns.items():
         if times and req in begin_ns:
             ttft.append(times[0] - begin_ns[req])
             gaps += [y - x for x, y in itertools.pairwise(times)]
-    by_phase = {
-        ph: e - ph_e0.get(ph, 0.0) for ph, e in dev.energy_by_phase_j.items()
-    }
+    by_phase = {ph: e - ph_e0.get(ph, 0.0) for ph, e in dev.energy_by_phase_j.items()}
     t_phase = {ph: ns - ph_t0.get(ph, 0) for ph, ns in dev.time_by_phase_ns.items()}
     tokens = sum(len(t) for t in token_ns.values())
     return Account(
@@ -460,6 +504,20 @@ def static_levels(
             trace, profile, sw, background_share=background_share, background=background
         )
     return out
+
+
+def phase_split(
+    trace: PhoneTrace,
+    profile: SimProfile,
+    prefill_hz: int,
+    decode_hz: int,
+    *,
+    background_share: float = 0.0,
+    background: Sequence[tuple[int, float]] = (),
+) -> Account:
+    """Prefill at one level, decode at another (the ``phase`` baseline's schedule)."""
+    dev = _device(profile, None, background_share)
+    return _run(trace, dev, None, background, (int(prefill_hz), int(decode_hz)))
 
 
 def summary(acc: Account, ref: Account) -> dict[str, Any]:

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..engine.segments import Segment
 from .factory import for_device, make_controller
+from .registry import all_set
 from .replay import ReplayResult, replay
 
-DEFAULT_SET = ("default", "reactive", "ztt", "tmpc", "oracle")
+DEFAULT_SET: tuple[str, ...] = all_set()
 
 
 def compare(

@@ -198,7 +198,9 @@ class SimProfile:
         t_m = bytes_ * (1e9 / bw)
         hi = np.maximum(t_c, t_m)
         lo = np.minimum(t_c, t_m)
-        return np.maximum(hi + (1.0 - self.compute_memory_overlap) * lo, float(self.kernel_floor_ns))
+        return np.maximum(
+            hi + (1.0 - self.compute_memory_overlap) * lo, float(self.kernel_floor_ns)
+        )
 
     def host_gaps_ns(self, n_kernels: int) -> np.ndarray:
         """The phone host's gap before each of a graph's ``n_kernels`` kernels: the
@@ -635,7 +637,9 @@ class SimGpu:
         if self.record_intervals:
             starts = end[:m] - dur_i[:m] - gaps[:m]
             for k in range(m):
-                self._record(int(starts[k]), int(gaps[k]), hz, "idle", phase, w_idle * gaps[k] * 1e-9)
+                self._record(
+                    int(starts[k]), int(gaps[k]), hz, "idle", phase, w_idle * gaps[k] * 1e-9
+                )
                 self._record(
                     int(starts[k] + gaps[k]),
                     int(dur_i[k]),
