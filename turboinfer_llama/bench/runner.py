@@ -46,7 +46,7 @@ class BenchConfig:
     model: str | None = None
     prompts: list[str] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
     max_tokens: int = 48
-    n_ctx: int = 1024
+    n_ctx: int = 2048
     threads: int | None = None
     device: str = "sim:adreno650"
     controllers: list[str] = field(default_factory=lambda: list(DEFAULT_CONTROLLERS))

@@ -25,17 +25,19 @@ def register(sub: Any) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..bench.runner import ALL_CONTROLLERS, DEFAULT_CONTROLLERS
+    from ..control.factory import CONTROLLER_NAMES
 
     p.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
     p.add_argument("--prompts", help="prompts file: JSON list or one per line")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default 48)")
-    p.add_argument("--n-ctx", type=int, default=1024, help="context size (default 1024)")
+    p.add_argument("--n-ctx", type=int, default=2048, help="context size (default 2048)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: auto)")
     p.add_argument("--device", default="sim:adreno650", help="device spec (default sim:adreno650)")
     p.add_argument(
         "--controllers",
         default=",".join(DEFAULT_CONTROLLERS),
-        help=f"comma-separated (default {','.join(DEFAULT_CONTROLLERS)})",
+        help=f"comma-separated, of {', '.join(CONTROLLER_NAMES)} "
+        f"(default {','.join(DEFAULT_CONTROLLERS)})",
     )
     p.add_argument(
         "--meter",
