@@ -482,11 +482,13 @@ def _scenario(gpu: SimGpu, batched: bool, seed: int, switches: bool) -> None:
                 end_gap = gpu.now_ns() + int(gi)
                 while True:
                     stop = next((t for t, _ in plan if t > gpu.now_ns()), None)
-                    if stop is None or stop >= end_gap:
+                    if stop is None or stop > end_gap:
                         gpu.run_gap(end_gap - gpu.now_ns(), kind="inter_kernel", phase=phase)
                         break
                     gpu.run_gap(stop - gpu.now_ns(), kind="inter_kernel", phase=phase)
                     gpu.set_hz(next(h for t, h in plan if t == stop))
+                    if stop == end_gap:
+                        break
                 left = 1.0
                 while left > 0:
                     now = gpu.now_ns()

@@ -566,7 +566,8 @@ class SimGpu:
                     i += m
                     continue
                 # item i holds a device event, a stop or a slumber: per-kernel path
-                if stop_at_ns is not None and stop_at_ns < t + g[i]:
+                if stop_at_ns is not None and stop_at_ns <= t + g[i]:
+                    # a stop at the gap's very end comes before the kernel, as in replay
                     self.run_gap(int(stop_at_ns - t), kind=gap_kind, phase=phase)
                     return BatchResult(i, ends[:i], int(t + g[i] - stop_at_ns), 1.0)
                 self.run_gap(int(g[i]), kind=gap_kind, phase=phase)
