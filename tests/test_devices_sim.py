@@ -620,3 +620,21 @@ def test_close_restores_governor_and_range() -> None:
     gpu.close()  # idempotent
     with pytest.raises(DeviceGone):
         gpu.set_hz(400_000_000)
+
+
+def test_background_schedule_changes_the_share_mid_run_on_both_paths() -> None:
+    rng = np.random.default_rng(3)
+    f, b, g = _kernels(rng, 2000)
+    sched = [(5 * MS, 0.4), (15 * MS, 0.0)]
+    ref = SimGpu("adreno650", governor=None, background_schedule=sched)
+    _per_kernel(ref, f, b, g, "decode")
+    fast = SimGpu("adreno650", governor=None, background_schedule=sched)
+    fast.run_batch(f, b, g, phase="decode")
+    quiet = SimGpu("adreno650", governor=None)
+    quiet.run_batch(f, b, g, phase="decode")
+    assert fast.now_ns() == pytest.approx(ref.now_ns(), rel=1e-4)
+    assert fast.energy_j == pytest.approx(ref.energy_j, rel=1e-4)
+    assert fast.now_ns() > quiet.now_ns() * 1.02  # the 40% load slowed memory-bound work
+    assert fast.background_share == 0.0  # and it ended
+    with pytest.raises(ValueError, match="background_schedule"):
+        SimGpu("adreno650", background_schedule=[(0, 1.0)])

@@ -331,32 +331,44 @@ class Account:
         return self.energy_j / self.tokens if self.tokens else float("nan")
 
 
-def _device(profile: SimProfile | SimGpu, governor: str | None, background: float) -> SimGpu:
+def _device(
+    profile: SimProfile | SimGpu,
+    governor: str | None,
+    share: float,
+    background: Sequence[tuple[int, float]],
+) -> SimGpu:
+    """A fresh device for a profile; a given ``SimGpu`` as is, in userspace mode when
+    ``governor`` is None (as replay runs every controller but ``default``)."""
     if isinstance(profile, SimGpu):
+        if governor is None:
+            profile.governor = None
         return profile
-    return SimGpu(profile, governor=governor, background_share=background)
+    return SimGpu(
+        profile,
+        governor=governor,
+        background_share=share,
+        background_schedule=list(background),
+    )
 
 
 def _run(
     trace: PhoneTrace,
     dev: SimGpu,
     switches: Switches | None,
-    background: Sequence[tuple[int, float]] = (),
     phase_hz: tuple[int, int] | None = None,
 ) -> Account:
-    """Run ``trace`` on ``dev`` applying ``switches``; ``background`` is a list of
-    (virtual t_ns, DRAM share) changes (other apps' load starting or stopping).
-    ``phase_hz`` = (prefill, decode) issues the prefill level as each prefill graph's
-    submit begins and the decode level as it ends, as the ``phase`` baseline does."""
+    """Run ``trace`` on ``dev`` applying ``switches``. ``phase_hz`` = (prefill, decode)
+    issues the prefill level as each prefill graph's submit begins and the decode
+    level as it ends, as the ``phase`` baseline does."""
     cpu0 = time.process_time()
     t_start = dev.now_ns()
     e0 = dev.energy_j
     ph_e0 = dict(dev.energy_by_phase_j)
     ph_t0 = dict(dev.time_by_phase_ns)
     sw0 = dev.switches
-    # pending instants: (t_ns, order, kind, value); kernel-anchored switches are
-    # handled where their kernel starts
-    timed: list[tuple[int, int, str, float]] = []
+    # switch instants: (t_ns, order, Hz); kernel-anchored ones are handled where their
+    # kernel starts
+    timed: list[tuple[int, int, int]] = []
     by_kernel: dict[int, list[int]] = {}
     if switches is not None:
         for j in range(len(switches.freq_hz)):
@@ -364,11 +376,7 @@ def _run(
             if k >= 0:
                 by_kernel.setdefault(k, []).append(int(switches.freq_hz[j]))
             else:
-                timed.append(
-                    (t_start + int(switches.at_ns[j]), j, "hz", float(switches.freq_hz[j]))
-                )
-    for j, (t, share) in enumerate(background):
-        timed.append((t_start + int(t), -1 - j, "bg", share))
+                timed.append((t_start + int(switches.at_ns[j]), j, int(switches.freq_hz[j])))
     timed.sort()
     q = 0  # next timed instant
 
@@ -376,11 +384,7 @@ def _run(
         nonlocal q
         now = dev.now_ns()
         while q < len(timed) and timed[q][0] <= now:
-            _, _, what, v = timed[q]
-            if what == "hz":
-                dev.set_hz(int(v))
-            else:
-                dev.background_share = v
+            dev.set_hz(timed[q][2])
             q += 1
 
     def next_stop() -> int | None:
@@ -471,8 +475,8 @@ def applied_energy(
     switches a live loop actually issued (the controller is not run again). A
     ``SimGpu`` passed in is used as is (its clock and state carry over; its governor
     should be off); a profile gets a fresh device in userspace mode."""
-    dev = _device(profile, None, background_share)
-    return _run(trace, dev, switches, background)
+    dev = _device(profile, None, background_share, background)
+    return _run(trace, dev, switches)
 
 
 def default_shadow(
@@ -484,8 +488,8 @@ def default_shadow(
 ) -> Account:
     """The same timeline under the device's default governor (the reference every
     saving and latency change is measured against)."""
-    dev = _device(profile, "default", background_share)
-    return _run(trace, dev, None, background)
+    dev = _device(profile, "default", background_share, background)
+    return _run(trace, dev, None)
 
 
 def static_levels(
@@ -516,8 +520,8 @@ def phase_split(
     background: Sequence[tuple[int, float]] = (),
 ) -> Account:
     """Prefill at one level, decode at another (the ``phase`` baseline's schedule)."""
-    dev = _device(profile, None, background_share)
-    return _run(trace, dev, None, background, (int(prefill_hz), int(decode_hz)))
+    dev = _device(profile, None, background_share, background)
+    return _run(trace, dev, None, (int(prefill_hz), int(decode_hz)))
 
 
 def summary(acc: Account, ref: Account) -> dict[str, Any]:

@@ -310,6 +310,8 @@ class SimGpu:
     module) or ``"thermal"`` (Android's thermal framework). ``background_share`` is the
     fraction of DRAM bandwidth other apps take. ``pmu_noise`` is the relative standard
     deviation of the simulated instruction counter (seeded by ``seed``).
+    ``background_schedule`` changes that share at virtual times (ns after
+    ``start_ns``): a photo backup starting and stopping mid-run, say.
 
     Every applied level change costs the profile's ``switch_energy_j`` and no change
     lands sooner than ``min_dwell_ns`` after the previous one, whoever asked for it
@@ -327,6 +329,7 @@ class SimGpu:
         seed: int = 0,
         start_ns: int = 0,
         record_intervals: bool = False,
+        background_schedule: list[tuple[int, float]] | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, SimProfile) else load_profile(profile)
         if switch_path not in SWITCH_PATHS:
@@ -367,6 +370,13 @@ class SimGpu:
         self.pmu_noise = pmu_noise
         self._bw_share = 1.0
         self.background_share = background_share
+        # other apps' DRAM load changing at virtual times (t_ns after start, share)
+        self._load_changes = sorted(
+            (int(start_ns) + int(t), float(sh)) for t, sh in (background_schedule or [])
+        )
+        for _, sh in self._load_changes:
+            if not 0.0 <= sh < 1.0:
+                raise ValueError(f"background_schedule shares must be in [0, 1), got {sh}")
         self.energy_j = 0.0
         self.energy_by_phase_j: dict[str, float] = {}
         self.time_by_phase_ns: dict[str, int] = {}
@@ -790,6 +800,8 @@ class SimGpu:
             nxt = self._pending[0][0]
         if self._next_poll_ns is not None:
             nxt = min(nxt, self._next_poll_ns)
+        if self._load_changes:
+            nxt = min(nxt, self._load_changes[0][0])
         return nxt
 
     def _next_event_ns(self) -> int | float:
@@ -799,6 +811,8 @@ class SimGpu:
         return nxt
 
     def _fire_due(self) -> None:
+        while self._load_changes and self._load_changes[0][0] <= self._t:
+            self._bw_share = 1.0 - self._load_changes.pop(0)[1]
         while self._pending and self._pending[0][0] <= self._t:
             _, hz = self._pending.pop(0)
             if hz != self._hz:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...accounting import Account, PhoneTrace, default_shadow, phase_split, static_levels
+from ...accounting import Account, PhoneTrace, Switches, applied_energy, default_shadow, phase_split
 from ...engine.events import Event, EventKind
 from ...engine.segments import Segment
 from ..base import Decision
@@ -46,12 +46,15 @@ class _Hindsight:
         self.profile = dev.profile
         self.levels = [int(h) for h in dev.frequencies_hz()]
         self.slack = latency_slack
-        share = dev.background_share
-        # the segments are the ones replay runs (host model already applied)
+        self._factory = device_factory
+        # the segments are the ones replay runs (host model already applied); every
+        # figure on a fresh device from the factory (its background load included)
         self.trace = PhoneTrace.build(segments, self.profile, host_model=False)
-        self.reference = default_shadow(self.trace, self.profile, background_share=share)
-        self.by_level = static_levels(self.trace, self.profile, background_share=share)
-        self._share = share
+        self.reference = default_shadow(self.trace, dev)
+        self.by_level = {
+            hz: applied_energy(self.trace, device_factory(), Switches.at_times([0], [hz]))
+            for hz in self.levels
+        }
 
 
 class StaticBest(_Hindsight):
@@ -100,13 +103,7 @@ class PhaseSplit(_Hindsight):
         d = next((i for i, hz in enumerate(self.levels) if checks[hz][1]), top)
         # the pair as a whole: a switch lands one latency late, so check and raise
         while True:
-            acc = phase_split(
-                self.trace,
-                self.profile,
-                self.levels[p],
-                self.levels[d],
-                background_share=self._share,
-            )
+            acc = phase_split(self.trace, self._factory(), self.levels[p], self.levels[d])
             ttft_ok, tpot_ok = _within(acc, ref, self.slack)
             if (ttft_ok or p == top) and (tpot_ok or d == top):
                 break
