@@ -625,7 +625,7 @@ def test_close_restores_governor_and_range() -> None:
 def test_background_schedule_changes_the_share_mid_run_on_both_paths() -> None:
     rng = np.random.default_rng(3)
     f, b, g = _kernels(rng, 2000)
-    sched = [(5 * MS, 0.4), (15 * MS, 0.0)]
+    sched = [(5 * MS, 0.4), (100 * MS, 0.0)]
     ref = SimGpu("adreno650", governor=None, background_schedule=sched)
     _per_kernel(ref, f, b, g, "decode")
     fast = SimGpu("adreno650", governor=None, background_schedule=sched)
