@@ -28,6 +28,7 @@ def make_controller(
     device_factory: Any = None,
     horizon: int = 5,
     seed: int = 0,
+    oracle_refine: int = 8,
 ) -> Controller:
     """Build a controller. ``power``/``shadow`` describe the device (power per level,
     its default governor's rules; see ``for_device``). The offline ones (``oracle``,
@@ -90,7 +91,7 @@ def make_controller(
         if name == "oracle":
             from .baselines.oracle import Oracle
 
-            return Oracle(trace, device_factory, latency_slack=latency_slack)
+            return Oracle(trace, device_factory, latency_slack=latency_slack, refine=oracle_refine)
         from .baselines.hindsight import PhaseSplit, StaticBest
 
         cls = StaticBest if name == "static-best" else PhaseSplit
