@@ -44,7 +44,16 @@ def test_json_schema(recorded):
     _, report = recorded
     assert report["version"] == 1 and report["simulated"] is True
     assert report["device"] == "sim:adreno650"
-    assert set(report["controllers"]) == {"default", "max", "reactive", "ztt", "tmpc", "oracle"}
+    assert set(report["controllers"]) == {
+        "default",
+        "max",
+        "reactive",
+        "ztt",
+        "tmpc",
+        "oracle",
+        "static-best",
+        "phase",
+    }
     keys = {
         "energy_per_token_j",
         "avg_power_w",
@@ -53,6 +62,7 @@ def test_json_schema(recorded):
         "tokens_per_s",
         "energy_saving_vs_default",
         "latency_change_vs_default",
+        "ttft_change_vs_default",
         "oracle_fraction",
         "switches_per_s",
         "decision_us_median",
@@ -62,6 +72,11 @@ def test_json_schema(recorded):
         assert row["energy_per_token_j"] > 0 and row["tpot_ms"] > 0
         assert row["simulated"] is True
     assert report["controllers"]["default"]["energy_saving_vs_default"] == 0.0
+    assert report["controllers"]["default"]["ttft_change_vs_default"] == 0.0
+    acc = report["accounting"]
+    assert acc["accounting_ms_per_token"] > 0
+    # the arrays-based accounting of every controller's issued switches = its replay
+    assert max(acc["max_rel_error_vs_replay"].values()) < 5e-3
     assert report["live"] is None  # --live-rounds 0
 
 
