@@ -22,10 +22,14 @@ def _bench(*args: str) -> int:
 def recorded(tiny_gguf, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bench")
     rec, js = out / "rec.json", out / "report.json"
+    prompts = out / "prompts.txt"  # the byte-level tiny model cannot hold the built-in set
+    prompts.write_text("Explain why the sky is blue.\nWrite a haiku about rain.\n")
     rc = _bench(
         "--model",
         str(tiny_gguf),
         *FAST,
+        "--prompts",
+        str(prompts),
         "--all",
         "--record",
         str(rec),
@@ -84,7 +88,7 @@ def test_csv_and_trace_written(recorded):
     rec, _ = recorded
     out = rec.parent
     rows = (out / "t.csv").read_text().splitlines()
-    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 7
+    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 9
     doc = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
     assert "freq_mhz" in names and "MUL_MAT" in names
@@ -121,6 +125,7 @@ def test_plot_created(recorded, tmp_path):
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
         (["--max-tokens", "0"], "--max-tokens must be positive"),
         (["--replay", "/nonexistent/trace.json"], "trace not found"),
+        (["--n-ctx", "128"], "more than --n-ctx 128"),
     ],
 )
 def test_argument_errors_one_line(args, needle, tiny_gguf):

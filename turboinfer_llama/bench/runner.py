@@ -433,10 +433,38 @@ def build_report(
     }
 
 
+def check_prompt_lengths(cfg: BenchConfig, model: str) -> None:
+    """Every prompt plus ``max_tokens`` must fit the context (the tokenizer only)."""
+    import llama_cpp
+
+    try:  # llama.cpp logs a context warning for a vocab-only load even when quiet
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        quiet: Any = suppress_stdout_stderr(disable=False)
+    except ImportError:  # pragma: no cover - older llama-cpp-python
+        import contextlib
+
+        quiet = contextlib.nullcontext()
+    with quiet:
+        vocab = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    try:
+        for k, prompt in enumerate(cfg.prompts):
+            n = len(vocab.tokenize(prompt.encode("utf-8")))
+            if n + cfg.max_tokens > cfg.n_ctx:
+                raise BenchError(
+                    f"prompt {k + 1} has {n} tokens; with --max-tokens {cfg.max_tokens} it "
+                    f"needs a context of {n + cfg.max_tokens}, more than --n-ctx {cfg.n_ctx}"
+                )
+    finally:
+        vocab.close()
+
+
 def preflight(cfg: BenchConfig, *, device: Any = None) -> str:
     """Check everything the user named before any long work; returns the model path."""
     check_controllers(cfg.controllers)
     model = "" if cfg.replay else resolve_model(cfg.model)
+    if model:
+        check_prompt_lengths(cfg, model)
     if device is not None:
         return model
     try:

@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
         raise CliError(str(e)) from e
     console = Console(stderr=False)
     if not console.is_terminal:
-        console.width = max(console.width, 150)  # keep the table whole in files and CI logs
+        console.width = max(console.width, 190)  # keep the table whole in files and CI logs
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
