@@ -33,16 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from ..control.registry import sweep_set
+
 SWEEP_VERSION = 1
-CONTROLLERS: tuple[str, ...] = (
-    "default",
-    "static-best",
-    "phase",
-    "reactive",
-    "ztt",
-    "tmpc",
-    "oracle",
-)
+CONTROLLERS: tuple[str, ...] = sweep_set()
 DEFAULT_PROFILES: tuple[str, ...] = ("adreno650", "mali-g76")
 DEFAULT_SLACKS: tuple[float, ...] = (0.0, 0.02, 0.05, 0.10)
 NOMINAL_SLACK = 0.02
@@ -189,7 +183,9 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
     ph = PhaseSplit(phone, factory, latency_slack=slack)
     figures["phase"] = (ph.account.energy_j, ph.account.tpot_ms, ph.account.ttft_ms)
     chosen = {"static-best": sb.freq_hz, "phase": [ph.prefill_hz, ph.decode_hz]}
-    for name in ("reactive", "ztt", "tmpc", "oracle"):
+    for name in CONTROLLERS:
+        if name in figures:
+            continue  # default and the hindsight baselines: figured by the accounting
         dev = factory()
         ctl = make_controller(
             name,

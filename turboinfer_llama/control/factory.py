@@ -10,7 +10,7 @@ from ..engine.segments import Segment
 from .base import Controller
 from .model import PowerTable
 from .reference import ShadowParams
-from .registry import replayable
+from .registry import is_offline, replayable
 
 # every name make_controller builds (from the registry; ``none`` opens no controller)
 CONTROLLER_NAMES: tuple[str, ...] = replayable()
@@ -82,7 +82,7 @@ def make_controller(
         return ZttQLearning(
             levels, power=power, shadow=shadow, latency_slack=latency_slack, seed=seed
         )
-    if name in ("oracle", "static-best", "phase"):
+    if is_offline(name):
         if trace is None or device_factory is None:
             raise ValueError(
                 f"{name} is offline: it needs trace= (the whole recorded run) "

@@ -15,7 +15,9 @@ class ControllerInfo:
     """``live``: runs causally on a live engine and device. ``offline``: needs the whole
     recorded run (hindsight), so only the benchmark replays it. ``in_all``: part of the
     full comparison (``bench --all``, ``compare``'s default, ``sweep``).
-    ``bench_default``: in ``turboinfer bench``'s short default run. ``observe_only``:
+    ``bench_default``: in ``turboinfer bench``'s short default run. ``in_sweep``: run
+    at every point of ``turboinfer sweep`` (the full set but the pinned top level,
+    which ``static-best`` covers). ``observe_only``:
     opens no device (``none``). ``pattern``: a name with a parameter (``static:<hz>``)."""
 
     name: str
@@ -24,6 +26,7 @@ class ControllerInfo:
     offline: bool = False
     in_all: bool = False
     bench_default: bool = False
+    in_sweep: bool = True
     observe_only: bool = False
     pattern: bool = False
 
@@ -44,7 +47,7 @@ CONTROLLERS: tuple[ControllerInfo, ...] = (
         in_all=True,
         bench_default=True,
     ),
-    ControllerInfo("max", "the top level, pinned", in_all=True),
+    ControllerInfo("max", "the top level, pinned", in_all=True, in_sweep=False),
     ControllerInfo("static:<hz>", "one level, pinned", pattern=True),
     ControllerInfo("reactive", "low on a detected stall, high on detected compute", in_all=True),
     ControllerInfo("ztt", "zTT-style Q-learning baseline", in_all=True),
@@ -96,6 +99,11 @@ def replayable() -> tuple[str, ...]:
 def all_set() -> tuple[str, ...]:
     """The full comparison, ``default`` first."""
     return tuple(c.name for c in CONTROLLERS if c.in_all)
+
+
+def sweep_set() -> tuple[str, ...]:
+    """What ``turboinfer sweep`` runs at each point, ``default`` first."""
+    return tuple(c.name for c in CONTROLLERS if c.in_all and c.in_sweep)
 
 
 def bench_default_set() -> tuple[str, ...]:
