@@ -235,3 +235,26 @@ def test_every_list_comes_from_the_registry() -> None:
                 PowerSettings(controller=name)
     assert registry.is_offline("phase") and not registry.is_live("static-best")
     assert registry.info("static:") is None
+
+
+def test_a_trace_built_incrementally_equals_the_one_built_from_segments(raw) -> None:
+    """The live loop's way: append each finished graph and stall as arrays."""
+    from turboinfer_llama.accounting import _Graph
+
+    p = load_profile("adreno650")
+    whole = PhoneTrace.build(raw, p)
+    live = PhoneTrace.empty(p)
+    for i, step in enumerate(whole.steps):
+        if i in whole.request_begin:
+            live.begin_request(whole.request_begin[i])
+        if isinstance(step, _Graph):
+            live.add_graph(
+                step.graph, step.phase, step.flops, step.bytes_, step.gaps_ns, step.node_ids
+            )
+        else:
+            live.add_stall(step.dur_ns, step.kind, step.phase, token_request=step.token_request)
+    assert (live.n_kernels, live.tokens) == (whole.n_kernels, whole.tokens)
+    a, b = default_shadow(live, p), default_shadow(whole, p)
+    assert a.energy_j == b.energy_j and a.tpot_ms == b.tpot_ms
+    with pytest.raises(ValueError, match="one entry each"):
+        live.add_graph(1, "decode", [1.0], [1.0, 2.0], [0])

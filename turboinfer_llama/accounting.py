@@ -279,6 +279,56 @@ class PhoneTrace:
             n_kernels += len(flops)
         return cls(profile.name, steps, request_begin, n_kernels, tokens, index)
 
+    @classmethod
+    def empty(cls, profile: SimProfile) -> PhoneTrace:
+        """A trace to fill incrementally, as a live loop finishes graphs and stalls."""
+        return cls(profile.name, [], {}, 0, 0, {})
+
+    def begin_request(self, request: int) -> None:
+        """Request ``request`` begins before the next step (its TTFT starts here)."""
+        self.request_begin[len(self.steps)] = int(request)
+
+    def add_stall(self, dur_ns: int, kind: str, phase: str, *, token_request: int = -1) -> None:
+        """A stall as the phone runs it (already scaled: ``SimProfile.scale_host_ns``);
+        ``token_request`` >= 0 marks a sample stall that ends with a token of it."""
+        self.steps.append(_Stall(int(dur_ns), kind, phase, int(token_request)))
+        if token_request >= 0:
+            self.tokens += 1
+
+    def add_graph(
+        self,
+        graph: int,
+        phase: str,
+        flops: np.ndarray,
+        bytes_: np.ndarray,
+        gaps_ns: np.ndarray,
+        node_ids: np.ndarray | None = None,
+    ) -> None:
+        """One graph's launched kernels (no-ops left out) with the host gap before each
+        (``SimProfile.host_gaps_ns(len(flops))`` on the phone)."""
+        f = np.asarray(flops, dtype=np.float64)
+        nodes = (
+            np.arange(len(f), dtype=np.int64)
+            if node_ids is None
+            else np.asarray(node_ids, dtype=np.int64)
+        )
+        if not (len(f) == len(bytes_) == len(gaps_ns) == len(nodes)):
+            raise ValueError("add_graph: flops, bytes_, gaps_ns and node_ids need one entry each")
+        for j, node in enumerate(nodes):
+            self._index[(int(graph), int(node))] = self.n_kernels + j
+        self.steps.append(
+            _Graph(
+                int(graph),
+                phase,
+                f,
+                np.asarray(bytes_, dtype=np.float64),
+                np.asarray(gaps_ns, dtype=np.int64),
+                self.n_kernels,
+                nodes,
+            )
+        )
+        self.n_kernels += len(f)
+
     def kernel_index(self, graph: int, node: int) -> int:
         """Global index of a graph's node among the trace's kernels (for switches
         anchored to nodes, as a per-graph plan is)."""
