@@ -129,6 +129,7 @@ class SimProfile:
         factors = tuple(self._bus_factor(i) for i in range(len(self.levels_hz)))
         object.__setattr__(self, "_bw_factor_by_level", factors)
         object.__setattr__(self, "_level_index", {h: i for i, h in enumerate(self.levels_hz)})
+        object.__setattr__(self, "_power_cache", {})
 
     def _bus_factor(self, i: int) -> float:
         if not self.bus_vote_index or self.bus_coupling == 0.0:
@@ -158,6 +159,13 @@ class SimProfile:
     def power_w(self, hz: int, state: PowerState) -> float:
         """Instantaneous GPU power at clock ``hz`` in ``state`` (DRAM energy is per byte,
         charged by the kernels, not here)."""
+        cache: dict[tuple[int, str], float] = self._power_cache  # type: ignore[attr-defined]
+        w = cache.get((hz, state))
+        if w is None:
+            w = cache[(hz, state)] = self._power_w(hz, state)
+        return w
+
+    def _power_w(self, hz: int, state: PowerState) -> float:
         if state == "slumber":
             return self.slumber_power_w
         v = self.voltage_v(hz)
@@ -298,7 +306,8 @@ class BatchResult(NamedTuple):
     work_left: float
 
 
-_BATCH_CHUNK = 512
+_CHUNK_MIN = 128  # kernels timed per vectorised step; grows while no event cuts it
+_CHUNK_MAX = 4096
 
 
 class SimGpu:
@@ -564,6 +573,7 @@ class SimGpu:
             if n:
                 self._tz_notify()  # the first gap's start, as run_gap notifies
             i = 0
+            chunk = _CHUNK_MIN
             while i < n:
                 t = self._t
                 if stop_at_ns is not None and stop_at_ns <= t:
@@ -571,8 +581,13 @@ class SimGpu:
                 if self._next_device_event_ns() <= t:
                     self._fire_due()
                     continue
-                m = 0 if self._slumber else self._bulk_span(f, b, g, i, stop_at_ns, ends, gap_kind)
+                m = (
+                    0
+                    if self._slumber
+                    else self._bulk_span(f, b, g, i, stop_at_ns, ends, gap_kind, chunk)
+                )
                 if m > 0:
+                    chunk = min(2 * chunk, _CHUNK_MAX) if m == chunk else _CHUNK_MIN
                     i += m
                     continue
                 # item i holds a device event, a stop or a slumber: per-kernel path
@@ -603,19 +618,21 @@ class SimGpu:
         stop_at_ns: int | None,
         ends: np.ndarray,
         kind: str,
+        chunk: int,
     ) -> int:
         """Run, vectorised, the kernels from ``i`` that end before the next device
         event or stop (and up to the next msm-adreno-tz notification that is due);
         returns how many ran."""
         p = self.profile
         t = self._t
-        j = min(len(f), i + _BATCH_CHUNK)
+        j = min(len(f), i + chunk)
         gaps = g[i:j]
         # a gap that reaches the idle timeout slumbers: leave it to the per-kernel path
         timeout = p.idle_timeout_ns
         idle0 = t - self._idle_since if self._idle_since is not None else 0
-        long = np.flatnonzero(gaps >= timeout)
-        m_max = int(long[0]) if long.size else len(gaps)
+        m_max = len(gaps)
+        if m_max and int(gaps.max()) >= timeout:
+            m_max = int(np.argmax(gaps >= timeout))
         if m_max > 0 and gaps[0] + idle0 >= timeout:
             m_max = 0
         if m_max == 0:
