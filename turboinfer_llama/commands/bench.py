@@ -181,7 +181,7 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from ..bench.report import live_line, table, write_csv, write_trace
+    from ..bench.report import accounting_line, live_line, table, write_csv, write_trace
     from ..bench.runner import BenchError, preflight, run_bench
 
     try:
@@ -212,9 +212,9 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
     report = outcome.report
     if report["controllers"]:
         console.print(table(report))
-    line = live_line(report)
-    if line:
-        console.print(line)
+    for line in (live_line(report), accounting_line(report)):
+        if line:
+            console.print(line)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if args.csv_path and report["controllers"]:
