@@ -523,8 +523,8 @@ def applied_energy(
 ) -> Account:
     """Energy and latency of the recorded timeline on the simulated device, given the
     switches a live loop actually issued (the controller is not run again). A
-    ``SimGpu`` passed in is used as is (its clock and state carry over; its governor
-    should be off); a profile gets a fresh device in userspace mode."""
+    ``SimGpu`` passed in is used as is (its clock and state carry over) in userspace
+    mode (its governor off); a profile gets a fresh device."""
     dev = _device(profile, None, background_share, background)
     return _run(trace, dev, switches)
 
