@@ -246,12 +246,19 @@ def run_sweep(
     seed: int = 0,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every point (a process pool over all cores) and return the JSON document."""
+    """Run every point (a process pool over all cores) and return the JSON document.
+    ``partial`` receives the document with the points finished so far after each one
+    (``"complete": false``), so a long sweep can be saved as it goes."""
     points = design(profiles, slacks, lhs=lhs, seed=seed)
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
     results: list[dict[str, Any] | None] = [None] * len(points)
     done = 0
+
+    def document(complete: bool) -> dict[str, Any]:
+        return _document(recording, profiles, slacks, lhs, seed, results, complete)
+
     if n_workers == 1:
         _init(recording)
         for i, pt in enumerate(points):
@@ -259,6 +266,8 @@ def run_sweep(
             done += 1
             if progress:
                 progress(done, len(points))
+            if partial:
+                partial(document(False))
     else:
         with ProcessPoolExecutor(
             max_workers=n_workers, initializer=_init, initargs=(recording,)
@@ -269,6 +278,20 @@ def run_sweep(
                 done += 1
                 if progress:
                     progress(done, len(points))
+                if partial:
+                    partial(document(False))
+    return document(True)
+
+
+def _document(
+    recording: str,
+    profiles: Sequence[str],
+    slacks: Sequence[float],
+    lhs: int,
+    seed: int,
+    results: list[dict[str, Any] | None],
+    complete: bool,
+) -> dict[str, Any]:
     return {
         "version": SWEEP_VERSION,
         "simulated": True,
@@ -285,7 +308,8 @@ def run_sweep(
             "oracle_refine": ORACLE_REFINE,
             "ztt": "untrained (one replay), as in turboinfer bench",
         },
-        "points": results,
+        "complete": complete,
+        "points": [r for r in results if r is not None],
     }
 
 

@@ -99,6 +99,13 @@ def run(args: argparse.Namespace) -> int:
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
+        out = Path(args.json_path)
+
+        def save(partial_doc: dict[str, Any]) -> None:
+            tmp = out.with_name(out.name + ".partial")
+            tmp.write_text(json.dumps(partial_doc, indent=2) + "\n")
+            tmp.replace(out)
+
         try:
             doc = run_sweep(
                 str(rec),
@@ -108,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 workers=args.workers,
                 progress=progress,
+                partial=save,
             )
         except SweepError as e:
             raise CliError(str(e)) from e
