@@ -258,3 +258,19 @@ def test_a_trace_built_incrementally_equals_the_one_built_from_segments(raw) -> 
     assert a.energy_j == b.energy_j and a.tpot_ms == b.tpot_ms
     with pytest.raises(ValueError, match="one entry each"):
         live.add_graph(1, "decode", [1.0], [1.0, 2.0], [0])
+
+
+def test_hostgaps_script_rows(raw) -> None:
+    from turboinfer_llama.bench.hostgaps import rows
+
+    out = rows(raw, ["adreno650", "mali-g76"], [1.0])
+    assert [r["profile"] for r in out] == ["adreno650", "mali-g76"]
+    for r in out:
+        assert 0 < r["decode_mean_mhz"] <= r["top_mhz"]
+        assert r["tpot_vs_top"] >= -TOL
+    # simple_ondemand settles well below the top clock; msm-adreno-tz near it
+    assert out[1]["decode_mean_mhz"] < 0.7 * out[1]["top_mhz"]
+    assert (
+        out[0]["decode_mean_mhz"]
+        > out[1]["decode_mean_mhz"] / out[1]["top_mhz"] * out[0]["top_mhz"]
+    )

@@ -69,7 +69,12 @@ def test_one_point_json_schema_and_the_mid_run_load(recording, tmp_path, monkeyp
         ),
     ]
     monkeypatch.setattr(sweep, "design", lambda *a, **k: points)
-    doc = sweep.run_sweep(str(recording), profiles=["adreno650"], slacks=[0.05], workers=1)
+    saved: list[dict] = []
+    doc = sweep.run_sweep(
+        str(recording), profiles=["adreno650"], slacks=[0.05], workers=1, partial=saved.append
+    )
+    assert [len(d["points"]) for d in saved] == [1, 2]
+    assert not saved[0]["complete"]
     assert doc["version"] == 1 and doc["simulated"] is True and doc["complete"] is True
     assert len(doc["points"]) == 2
     keys = {
