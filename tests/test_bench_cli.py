@@ -22,10 +22,14 @@ def _bench(*args: str) -> int:
 def recorded(tiny_gguf, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bench")
     rec, js = out / "rec.json", out / "report.json"
+    prompts = out / "prompts.txt"  # the byte-level tiny model cannot hold the built-in set
+    prompts.write_text("Explain why the sky is blue.\nWrite a haiku about rain.\n")
     rc = _bench(
         "--model",
         str(tiny_gguf),
         *FAST,
+        "--prompts",
+        str(prompts),
         "--all",
         "--record",
         str(rec),
@@ -44,7 +48,16 @@ def test_json_schema(recorded):
     _, report = recorded
     assert report["version"] == 1 and report["simulated"] is True
     assert report["device"] == "sim:adreno650"
-    assert set(report["controllers"]) == {"default", "max", "reactive", "ztt", "tmpc", "oracle"}
+    assert set(report["controllers"]) == {
+        "default",
+        "max",
+        "reactive",
+        "ztt",
+        "tmpc",
+        "oracle",
+        "static-best",
+        "phase",
+    }
     keys = {
         "energy_per_token_j",
         "avg_power_w",
@@ -53,6 +66,7 @@ def test_json_schema(recorded):
         "tokens_per_s",
         "energy_saving_vs_default",
         "latency_change_vs_default",
+        "ttft_change_vs_default",
         "oracle_fraction",
         "switches_per_s",
         "decision_us_median",
@@ -62,6 +76,11 @@ def test_json_schema(recorded):
         assert row["energy_per_token_j"] > 0 and row["tpot_ms"] > 0
         assert row["simulated"] is True
     assert report["controllers"]["default"]["energy_saving_vs_default"] == 0.0
+    assert report["controllers"]["default"]["ttft_change_vs_default"] == 0.0
+    acc = report["accounting"]
+    assert acc["accounting_ms_per_token"] > 0
+    # the arrays-based accounting of every controller's issued switches = its replay
+    assert max(acc["max_rel_error_vs_replay"].values()) < 5e-3
     assert report["live"] is None  # --live-rounds 0
 
 
@@ -69,7 +88,7 @@ def test_csv_and_trace_written(recorded):
     rec, _ = recorded
     out = rec.parent
     rows = (out / "t.csv").read_text().splitlines()
-    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 7
+    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 9
     doc = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
     assert "freq_mhz" in names and "MUL_MAT" in names
@@ -106,6 +125,7 @@ def test_plot_created(recorded, tmp_path):
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
         (["--max-tokens", "0"], "--max-tokens must be positive"),
         (["--replay", "/nonexistent/trace.json"], "trace not found"),
+        (["--n-ctx", "128"], "more than --n-ctx 128"),
     ],
 )
 def test_argument_errors_one_line(args, needle, tiny_gguf):

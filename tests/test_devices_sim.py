@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 
+import numpy as np
 import pytest
 
 from turboinfer_llama.devices.base import DeviceGone, DeviceNotFound, GpuDevice, InvalidFrequency
@@ -36,6 +37,18 @@ def toy_profile(**over):
         kernel_floor_ns=0,
         switch_latency_direct_ns=1 * MS,
         switch_latency_thermal_ns=80 * MS,
+        host_submission_ns=0,
+        host_enqueue_ns=0,
+        submit_batch_nodes=1,
+        submit_flush_ns=0,
+        host_cpu_factor=1.0,
+        bus_vote_index=(),
+        bus_index_bandwidth_fraction=(),
+        bus_coupling=0.0,
+        dram_energy_j_per_byte=0.0,
+        wakeup_ns=0,
+        switch_energy_j=0.0,
+        min_dwell_ns=0,
     )
     values.update(over)
     return dataclasses.replace(base, **values)
@@ -126,14 +139,44 @@ def test_compute_bound_time_scales_with_one_over_f() -> None:
     assert t_lo / t_hi == pytest.approx(p.levels_hz[-1] / p.levels_hz[0])
 
 
-def test_memory_bound_time_does_not_scale() -> None:
+def test_memory_bound_time_does_not_scale_within_one_bus_vote() -> None:
     p = load_profile("adreno650")
-    t_lo = p.kernel_ns(1.0, 1e8, p.levels_hz[0])
-    t_hi = p.kernel_ns(1.0, 1e8, p.levels_hz[-1])
-    assert t_lo == pytest.approx(t_hi, rel=1e-6)
-    assert t_hi == pytest.approx(
+    # 305 and 490 MHz share bus-max vote 9; 587 and 670 share 11 (kona ladder)
+    t_305 = p.kernel_ns(1.0, 1e8, 305_000_000)
+    t_490 = p.kernel_ns(1.0, 1e8, 490_000_000)
+    t_670 = p.kernel_ns(1.0, 1e8, 670_000_000)
+    assert t_305 == pytest.approx(t_490, rel=1e-6)
+    assert t_670 == pytest.approx(
         1e8 / (p.dram_bandwidth_bytes_per_s * p.memory_efficiency) * 1e9, rel=1e-6
     )
+
+
+def test_low_bus_votes_slow_memory_bound_kernels_and_coupling_is_a_knob() -> None:
+    p = load_profile("adreno650")
+    frac = p.bus_index_bandwidth_fraction[9]
+    assert 0 < frac < 1
+    t_lo = p.kernel_ns(1.0, 1e8, 305_000_000)
+    t_hi = p.kernel_ns(1.0, 1e8, 670_000_000)
+    assert t_lo / t_hi == pytest.approx(1 / frac, rel=1e-6)
+    half = dataclasses.replace(p, bus_coupling=0.5)
+    assert half.kernel_ns(1.0, 1e8, 305_000_000) / t_hi == pytest.approx(
+        1 / (1 - 0.5 * (1 - frac)), rel=1e-6
+    )
+    off = dataclasses.replace(p, bus_coupling=0.0)
+    assert off.kernel_ns(1.0, 1e8, 305_000_000) == pytest.approx(t_hi, rel=1e-6)
+    # compute-bound work does not care about the vote
+    assert p.kernel_ns(1e9, 0, 305_000_000) == off.kernel_ns(1e9, 0, 305_000_000)
+    # Mali: DDR has its own devfreq, no coupling
+    mali = load_profile("mali-g76")
+    assert all(mali.bandwidth_factor(h) == 1.0 for h in mali.levels_hz)
+
+
+def test_bad_bus_votes_are_refused() -> None:
+    p = load_profile("adreno650")
+    with pytest.raises(ValueError, match="bus_vote_index"):
+        dataclasses.replace(p, bus_vote_index=(1, 2))
+    with pytest.raises(ValueError, match="bus_vote_index"):
+        dataclasses.replace(p, bus_vote_index=(0,) * len(p.levels_hz))  # index 0 = no vote
 
 
 def test_mixed_kernel_follows_overlap_formula() -> None:
@@ -201,7 +244,9 @@ def test_slumber_after_idle_timeout() -> None:
 
 def test_lower_clock_saves_energy_on_memory_bound_work() -> None:
     def run(hz: int) -> tuple[float, int]:
-        gpu = SimGpu("adreno650", governor=None)
+        gpu = SimGpu(
+            dataclasses.replace(load_profile("adreno650"), bus_coupling=0.0), governor=None
+        )
         gpu.set_hz(hz)
         gpu.advance_to(gpu.capabilities.switch_latency_ns)
         t0, e0 = gpu.now_ns(), gpu.energy_j
@@ -379,6 +424,188 @@ def test_counters_and_cycles() -> None:
     assert gpu.alwayson_cycles == int(2e-3 * gpu.profile.alwayson_hz)
 
 
+# ---- batch path vs the per-kernel reference ---------------------------------------
+
+
+def _kernels(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A decode-graph-like mix: memory-bound mat-vecs, small element-wise ops, gaps."""
+    flops = rng.choice([2e4, 3e5, 2e7], size=n) * rng.uniform(0.5, 1.5, size=n)
+    bytes_ = rng.choice([4e3, 6e4, 3e6], size=n) * rng.uniform(0.5, 1.5, size=n)
+    gaps = rng.choice([0, 5_000, 40_000], size=n, p=[0.6, 0.3, 0.1]).astype(np.int64)
+    return flops, bytes_, gaps
+
+
+def _per_kernel(gpu: SimGpu, f, b, g, phase: str) -> None:
+    for fi, bi, gi in zip(f, b, g, strict=True):
+        gpu.run_gap(int(gi), kind="inter_kernel", phase=phase)
+        gpu.run_kernel("X", float(fi), float(bi), phase=phase)
+
+
+def _scenario(gpu: SimGpu, batched: bool, seed: int, switches: bool) -> None:
+    """Graphs of 300 kernels with sample stalls between them; with ``switches``, the
+    caller sets the clock at fixed virtual instants (splitting kernels as replay does)."""
+    rng = np.random.default_rng(seed)
+    levels = gpu.frequencies_hz()
+    plan = (
+        [
+            (int(t), levels[int(k)])
+            for t, k in zip(
+                np.cumsum(rng.uniform(0.3, 4.0, size=200) * MS),
+                rng.integers(0, len(levels), 200),
+                strict=True,
+            )
+        ]
+        if switches
+        else []
+    )
+    for graph in range(12):
+        f, b, g = _kernels(rng, 300)
+        phase = "prefill" if graph == 0 else "decode"
+        if batched:
+            i = 0
+            while i < len(f):
+                stop = next((t for t, _ in plan if t > gpu.now_ns()), None)
+                res = gpu.run_batch(f[i:], b[i:], g[i:], phase=phase, stop_at_ns=stop)
+                i += res.n_done
+                if i < len(f):
+                    g = g.copy()
+                    f, b = f.copy(), b.copy()
+                    g[i] = res.gap_left_ns
+                    f[i] *= res.work_left
+                    b[i] *= res.work_left
+                hz = next((h for t, h in reversed(plan) if t <= gpu.now_ns()), None)
+                if hz is not None and stop is not None and gpu.now_ns() >= stop:
+                    gpu.set_hz(hz)
+        else:
+            for fi, bi, gi in zip(f, b, g, strict=True):
+                # the same switch instants, applied the way replay does
+                end_gap = gpu.now_ns() + int(gi)
+                while True:
+                    stop = next((t for t, _ in plan if t > gpu.now_ns()), None)
+                    if stop is None or stop > end_gap:
+                        gpu.run_gap(end_gap - gpu.now_ns(), kind="inter_kernel", phase=phase)
+                        break
+                    gpu.run_gap(stop - gpu.now_ns(), kind="inter_kernel", phase=phase)
+                    gpu.set_hz(next(h for t, h in plan if t == stop))
+                    if stop == end_gap:
+                        break
+                left = 1.0
+                while left > 0:
+                    now = gpu.now_ns()
+                    full = gpu.kernel_ns(fi * left, bi * left)
+                    stop = next((t for t, _ in plan if t > now), None)
+                    floor = gpu.profile.kernel_floor_ns
+                    if stop is not None and now + floor < stop < now + full - max(1_000, floor):
+                        frac = left * (stop - now) / full
+                        gpu.run_kernel("X", fi * frac, bi * frac, phase=phase)
+                        left -= frac
+                        if gpu.now_ns() >= stop:  # else a switch landing sped it up
+                            gpu.set_hz(next(h for t, h in plan if t == stop))
+                    else:
+                        gpu.run_kernel("X", fi * left, bi * left, phase=phase)
+                        left = 0.0
+                        stop2 = next((t for t, _ in plan if t <= gpu.now_ns() and t > now), None)
+                        if stop2 is not None:
+                            gpu.set_hz(next(h for t, h in plan if t == stop2))
+        gpu.run_gap(int(rng.choice([2 * MS, 9 * MS, 70 * MS])), kind="sample", phase=phase)
+
+
+@pytest.mark.parametrize(
+    ("profile", "governor", "switches"),
+    [
+        ("adreno650", "default", False),
+        ("adreno640", "default", False),
+        ("mali-g76", "default", False),
+        ("generic", "msm-adreno-tz", False),
+        ("adreno650", None, True),
+        ("mali-g76", None, True),
+    ],
+)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_run_batch_matches_the_per_kernel_path(profile, governor, switches, seed) -> None:
+    ref = SimGpu(profile, governor=governor)
+    fast = SimGpu(profile, governor=governor)
+    _scenario(ref, batched=False, seed=seed, switches=switches)
+    _scenario(fast, batched=True, seed=seed, switches=switches)
+    assert fast.now_ns() == pytest.approx(ref.now_ns(), rel=5e-3)
+    assert fast.energy_j == pytest.approx(ref.energy_j, rel=5e-3)
+    for ph in ref.energy_by_phase_j:
+        assert fast.energy_by_phase_j[ph] == pytest.approx(ref.energy_by_phase_j[ph], rel=5e-3)
+    assert fast.busy_ns == pytest.approx(ref.busy_ns, rel=5e-3)
+    assert fast.instructions == pytest.approx(ref.instructions, rel=5e-3)
+    assert abs(fast.switches - ref.switches) <= max(2, 0.02 * ref.switches)
+    if governor == "default":
+        assert ref.governor_decisions > 5  # the governor really acted
+        assert ref.switches > 0
+
+
+def test_run_batch_stops_at_the_instant_and_splits_like_replay() -> None:
+    gpu = SimGpu(toy_profile())
+    f = np.array([1e5, 1e5, 1e5])  # 1 ms each at 100 MHz
+    g = np.array([0, 500_000, 0])
+    res = gpu.run_batch(f, np.zeros(3), g, phase="decode", stop_at_ns=1_250_000)
+    assert (res.n_done, res.gap_left_ns, res.work_left) == (1, 250_000, 1.0)
+    assert gpu.now_ns() == 1_250_000 and list(res.end_ns) == [1 * MS]
+    res = gpu.run_batch(
+        f[1:], np.zeros(2), np.array([250_000, 0]), phase="decode", stop_at_ns=2_000_000
+    )
+    assert res.n_done == 0 and res.gap_left_ns == 0
+    assert res.work_left == pytest.approx(0.5)
+    assert gpu.now_ns() == 2 * MS
+    with pytest.raises(ValueError, match="one entry per kernel"):
+        gpu.run_batch(f, np.zeros(2), g, phase="decode")
+
+
+# ---- phone host model, wake-up, switch cost ----------------------------------------
+
+
+def test_host_gaps_vulkan_batches_and_opencl_per_kernel() -> None:
+    vk = load_profile("adreno650")
+    gaps = vk.host_gaps_ns(250)
+    assert vk.submit_batch_nodes == 100
+    assert list(np.flatnonzero(gaps)) == [0, 100, 200]
+    assert gaps[0] == 100 * vk.host_enqueue_ns + vk.submit_flush_ns
+    assert gaps[200] == 50 * vk.host_enqueue_ns + vk.submit_flush_ns
+    cl = load_profile("generic")
+    assert cl.submit_batch_nodes == 1
+    assert list(cl.host_gaps_ns(3)) == [cl.host_enqueue_ns] * 3
+    assert vk.scale_host_ns(1_000_000) == round(1_000_000 * vk.host_cpu_factor)
+    assert len(vk.host_gaps_ns(0)) == 0
+
+
+def test_wakeup_after_slumber_delays_the_kernel() -> None:
+    gpu = SimGpu(toy_profile(idle_timeout_ns=1 * MS, wakeup_ns=300_000))
+    gpu.run_gap(5 * MS, kind="idle", phase="idle")
+    took = gpu.run_kernel("MUL_MAT", 1e5, 0, phase="decode")
+    assert took == 1 * MS + 300_000 and gpu.wakeups == 1
+    # no slumber, no wake-up
+    assert gpu.run_kernel("MUL_MAT", 1e5, 0, phase="decode") == 1 * MS
+
+
+def test_switch_energy_and_minimum_dwell_apply_to_every_request() -> None:
+    gpu = SimGpu(toy_profile(switch_energy_j=1e-3, min_dwell_ns=5 * MS))
+    gpu.set_hz(200_000_000)  # lands at 1 ms
+    gpu.advance_to(2 * MS)
+    e0 = gpu.energy_j
+    gpu.set_hz(100_000_000)  # latency says 3 ms, the dwell says 6 ms
+    gpu.advance_to(5_999_999)
+    assert gpu.current_hz() == 200_000_000
+    gpu.advance_to(6 * MS)
+    assert gpu.current_hz() == 100_000_000
+    assert gpu.switch_log == [(1 * MS, 200_000_000), (6 * MS, 100_000_000)]
+    assert gpu.switch_energy_j == pytest.approx(2e-3)
+    idle = gpu.profile.power_w(200_000_000, "idle") * 4e-3
+    assert gpu.energy_j - e0 == pytest.approx(idle + 1e-3)
+
+
+def test_dram_energy_per_byte() -> None:
+    gpu = SimGpu(toy_profile(dram_energy_j_per_byte=1e-10))
+    gpu.run_kernel("ADD", 0, 1e6, phase="decode")  # 1 ms at 1 GB/s
+    busy = gpu.profile.power_w(100_000_000, "busy") * 1e-3
+    assert gpu.energy_j == pytest.approx(busy + 1e-4)
+    assert gpu.dram_energy_j == pytest.approx(1e-4)
+
+
 # ---- close -------------------------------------------------------------------------
 
 
@@ -393,3 +620,21 @@ def test_close_restores_governor_and_range() -> None:
     gpu.close()  # idempotent
     with pytest.raises(DeviceGone):
         gpu.set_hz(400_000_000)
+
+
+def test_background_schedule_changes_the_share_mid_run_on_both_paths() -> None:
+    rng = np.random.default_rng(3)
+    f, b, g = _kernels(rng, 2000)
+    sched = [(5 * MS, 0.4), (100 * MS, 0.0)]
+    ref = SimGpu("adreno650", governor=None, background_schedule=sched)
+    _per_kernel(ref, f, b, g, "decode")
+    fast = SimGpu("adreno650", governor=None, background_schedule=sched)
+    fast.run_batch(f, b, g, phase="decode")
+    quiet = SimGpu("adreno650", governor=None)
+    quiet.run_batch(f, b, g, phase="decode")
+    assert fast.now_ns() == pytest.approx(ref.now_ns(), rel=1e-4)
+    assert fast.energy_j == pytest.approx(ref.energy_j, rel=1e-4)
+    assert fast.now_ns() > quiet.now_ns() * 1.02  # the 40% load slowed memory-bound work
+    assert fast.background_share == 0.0  # and it ended
+    with pytest.raises(ValueError, match="background_schedule"):
+        SimGpu("adreno650", background_schedule=[(0, 1.0)])

@@ -11,18 +11,13 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .control.registry import info, names
+
 Granularity = Literal["graph", "layer", "kernel"]
 GRANULARITIES: tuple[str, ...] = ("graph", "layer", "kernel")
-# Live controllers; "none" observes only. The offline oracle is a benchmark baseline.
-LIVE_CONTROLLERS: tuple[str, ...] = (
-    "tmpc",
-    "default",
-    "max",
-    "static:<hz>",
-    "reactive",
-    "ztt",
-    "none",
-)
+# Live controllers (from the registry); "none" observes only. The offline ones
+# (oracle, static-best, phase) are benchmark baselines.
+LIVE_CONTROLLERS: tuple[str, ...] = names(live=True)
 
 
 class PowerSettings(BaseSettings):
@@ -51,8 +46,9 @@ class PowerSettings(BaseSettings):
     )
     controller: str = Field(
         default="tmpc",
-        description="Frequency policy: tmpc, default, max, static:<hz>, reactive, ztt, or "
-        "none (observe only: no device is opened).",
+        description="Frequency policy: "
+        + ", ".join(LIVE_CONTROLLERS)
+        + " (none: observe only, no device is opened).",
     )
     latency_slack: float = Field(
         default=0.02,
@@ -76,6 +72,7 @@ class PowerSettings(BaseSettings):
     @field_validator("controller")
     @classmethod
     def _known_controller(cls, v: str) -> str:
-        if v in LIVE_CONTROLLERS or (v.startswith("static:") and v != "static:"):
+        c = info(v)
+        if c is not None and c.live:
             return v
         raise ValueError(f"unknown controller {v!r}; valid: {', '.join(LIVE_CONTROLLERS)}")

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..accounting import phone_segments
 from ..control.factory import CONTROLLER_NAMES, for_device, make_controller
+from ..control.registry import all_set, bench_default_set, info
 from ..control.replay import ReplayResult, replay
 from ..devices import open_device
 from ..devices.base import DeviceError
@@ -30,8 +32,8 @@ from .prompts import BUILTIN_PROMPTS
 from .timing import decode_tokens_per_s
 
 JSON_VERSION = 1
-DEFAULT_CONTROLLERS: tuple[str, ...] = ("default", "tmpc")
-ALL_CONTROLLERS: tuple[str, ...] = ("default", "max", "reactive", "ztt", "tmpc", "oracle")
+DEFAULT_CONTROLLERS: tuple[str, ...] = bench_default_set()
+ALL_CONTROLLERS: tuple[str, ...] = all_set()
 
 Progress = Callable[[str, int, int], None]
 
@@ -45,7 +47,7 @@ class BenchConfig:
     model: str | None = None
     prompts: list[str] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
     max_tokens: int = 48
-    n_ctx: int = 1024
+    n_ctx: int = 2048
     threads: int | None = None
     device: str = "sim:adreno650"
     controllers: list[str] = field(default_factory=lambda: list(DEFAULT_CONTROLLERS))
@@ -84,9 +86,8 @@ def default_model() -> str:
 
 
 def check_controllers(names: list[str]) -> None:
-    valid = {n for n in CONTROLLER_NAMES if ":" not in n}
     for n in names:
-        if n not in valid and not n.startswith("static:"):
+        if n not in CONTROLLER_NAMES and (info(n) is None or info(n) is info("none")):
             raise BenchError(f"unknown controller {n!r}; valid: {', '.join(CONTROLLER_NAMES)}")
 
 
@@ -135,15 +136,31 @@ def _open_sim(spec: str, record_intervals: bool = False) -> Any:
     return dev
 
 
+def phone_trace(device: str, segments: list[Segment]) -> list[Segment]:
+    """The recorded segments as the simulated phone runs them (its host model: enqueue
+    and submission gaps instead of the recording host's, per-token CPU work scaled)."""
+    dev = _open_sim(device)
+    try:
+        profile = getattr(dev, "profile", None)
+        return phone_segments(segments, profile) if profile is not None else list(segments)
+    finally:
+        dev.close()
+
+
 def replay_all(
     cfg: BenchConfig,
     segments: list[Segment],
     results: dict[str, ReplayResult],
     intervals: dict[str, list[Any]],
     progress: Progress | None = None,
+    accounting: dict[str, Any] | None = None,
 ) -> None:
     """Fill ``results`` (and ``intervals`` for the plot) controller by controller, so
-    an interrupt keeps every finished controller."""
+    an interrupt keeps every finished controller. With ``accounting`` (a dict to fill),
+    each controller's issued switches are also accounted by the arrays-based pass
+    (``accounting.applied_energy``; ``default_shadow`` for default) and compared with
+    the replay: its CPU cost per token and its largest deviation."""
+    issued: dict[str, list[tuple[int, int]]] = {}
     for i, name in enumerate(cfg.controllers):
         dev = _open_sim(cfg.device, record_intervals=name in ("default", "tmpc"))
         try:
@@ -155,6 +172,8 @@ def replay_all(
                 device_factory=lambda: _open_sim(cfg.device),
                 seed=cfg.seed,
             )
+            if accounting is not None and hasattr(dev, "profile"):
+                issued[name] = _log_issued(dev)
             results[name] = replay(segments, ctrl, dev, seed=cfg.seed)
             if dev.record_intervals:
                 intervals[name] = list(dev.intervals)
@@ -162,6 +181,68 @@ def replay_all(
             dev.close()
         if progress:
             progress("replay", i + 1, len(cfg.controllers))
+    if accounting is not None and issued:
+        accounting.update(_account_check(cfg, segments, results, issued))
+
+
+def _log_issued(dev: Any) -> list[tuple[int, int]]:
+    """Record every ``set_hz`` the replay issues on ``dev``: (virtual t_ns, Hz)."""
+    log: list[tuple[int, int]] = []
+    set_hz = dev.set_hz
+
+    def logged(hz: int) -> int:
+        log.append((dev.now_ns(), int(hz)))
+        return int(set_hz(hz))
+
+    dev.set_hz = logged
+    return log
+
+
+def _account_check(
+    cfg: BenchConfig,
+    segments: list[Segment],
+    results: dict[str, ReplayResult],
+    issued: dict[str, list[tuple[int, int]]],
+) -> dict[str, Any]:
+    """The arrays-based accounting of each replayed run: CPU ms per token (applied
+    energy plus the default-governor shadow) and its deviation from the replay."""
+    import time as _time
+
+    from ..accounting import PhoneTrace, Switches, applied_energy, default_shadow
+
+    dev = _open_sim(cfg.device)
+    profile = dev.profile
+    dev.close()
+    t0 = _time.process_time()
+    trace = PhoneTrace.build(segments, profile, host_model=False)
+    build_ms = (_time.process_time() - t0) * 1e3
+    shadow = default_shadow(trace, profile)
+    per_token: list[float] = []
+    worst = {"energy": 0.0, "tpot": 0.0, "ttft": 0.0}
+    for name, log in issued.items():
+        r = results.get(name)
+        if r is None or not r.tokens:
+            continue
+        if name == "default":
+            acc = shadow
+            ms = shadow.cpu_ms
+        else:
+            acc = applied_energy(
+                trace, profile, Switches.at_times([t for t, _ in log], [h for _, h in log])
+            )
+            ms = acc.cpu_ms + shadow.cpu_ms
+        per_token.append(ms / r.tokens)
+        worst["energy"] = max(worst["energy"], abs(acc.energy_j / r.energy_j - 1))
+        worst["tpot"] = max(worst["tpot"], abs(acc.tpot_ms / r.tpot_ms - 1))
+        worst["ttft"] = max(worst["ttft"], abs(acc.ttft_ms / r.ttft_ms - 1))
+    tokens = max((r.tokens for r in results.values()), default=0)
+    return {
+        "accounting_ms_per_token": round(statistics.median(per_token), 4) if per_token else None,
+        "trace_build_ms_per_token": round(build_ms / tokens, 4) if tokens else None,
+        "max_rel_error_vs_replay": {k: float(f"{v:.3g}") for k, v in worst.items()},
+        "measured": "CPU time on this host of the arrays-based accounting (applied energy "
+        "of the issued switches plus the default-governor shadow), per token",
+    }
 
 
 def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> dict[str, Any]:
@@ -235,12 +316,13 @@ def live_on_device(
     cfg: BenchConfig, model: str, device: Any, meter: Any, progress: Progress | None = None
 ) -> dict[str, ReplayResult]:
     """Real hardware: each controller drives ``device`` live over the same prompts while
-    ``meter`` measures the energy. The offline oracle cannot run live and is skipped."""
+    ``meter`` measures the energy. The offline ones (oracle, static-best, phase) cannot
+    run live and are skipped."""
     from .. import offload
     from ..llama import Llama
     from ..settings import PowerSettings
 
-    names = [n for n in cfg.controllers if n != "oracle"]
+    names = [n for n in cfg.controllers if (c := info(n)) is None or c.live]
     results: dict[str, ReplayResult] = {}
     gpu_kwargs: dict[str, Any] = {}
     if cfg.n_gpu_layers is not None:
@@ -330,6 +412,7 @@ def build_report(
         base_e = base.energy_per_token_j if base else 0.0
         saving = 1 - r.energy_per_token_j / base_e if base_e else None
         latency = r.tpot_ms / base.tpot_ms - 1 if base and base.tpot_ms else None
+        ttft = r.ttft_ms / base.ttft_ms - 1 if base and base.ttft_ms else None
         frac = saving / oracle_saving if saving is not None and oracle_saving else None
         ctrls[name] = {
             "energy_per_token_j": r.energy_per_token_j,
@@ -339,6 +422,7 @@ def build_report(
             "tokens_per_s": r.tokens_per_s,
             "energy_saving_vs_default": saving,
             "latency_change_vs_default": latency,
+            "ttft_change_vs_default": ttft,
             "oracle_fraction": frac,
             "switches_per_s": r.switches_per_s,
             "decision_us_median": r.decision_us_median if cfg.timing else None,
@@ -370,10 +454,38 @@ def build_report(
     }
 
 
+def check_prompt_lengths(cfg: BenchConfig, model: str) -> None:
+    """Every prompt plus ``max_tokens`` must fit the context (the tokenizer only)."""
+    import llama_cpp
+
+    try:  # llama.cpp logs a context warning for a vocab-only load even when quiet
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        quiet: Any = suppress_stdout_stderr(disable=False)
+    except ImportError:  # pragma: no cover - older llama-cpp-python
+        import contextlib
+
+        quiet = contextlib.nullcontext()
+    with quiet:
+        vocab = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    try:
+        for k, prompt in enumerate(cfg.prompts):
+            n = len(vocab.tokenize(prompt.encode("utf-8")))
+            if n + cfg.max_tokens > cfg.n_ctx:
+                raise BenchError(
+                    f"prompt {k + 1} has {n} tokens; with --max-tokens {cfg.max_tokens} it "
+                    f"needs a context of {n + cfg.max_tokens}, more than --n-ctx {cfg.n_ctx}"
+                )
+    finally:
+        vocab.close()
+
+
 def preflight(cfg: BenchConfig, *, device: Any = None) -> str:
     """Check everything the user named before any long work; returns the model path."""
     check_controllers(cfg.controllers)
     model = "" if cfg.replay else resolve_model(cfg.model)
+    if model:
+        check_prompt_lengths(cfg, model)
     if device is not None:
         return model
     try:
@@ -436,6 +548,7 @@ def run_bench(
     intervals: dict[str, list[Any]] = {}
     segments: list[Segment] = []
     live_figs: dict[str, Any] | None = None
+    accounting: dict[str, Any] = {}
     interrupted = False
     try:
         if cfg.replay:
@@ -453,11 +566,14 @@ def run_bench(
         segments = segments_of(events)
         if not any(s.kind == "kernel" for s in segments):
             raise BenchError("the trace has no kernels to replay")
-        replay_all(cfg, segments, results, intervals, progress)
+        replay_all(cfg, phone_trace(cfg.device, segments), results, intervals, progress, accounting)
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:
         interrupted = True
     report = build_report(cfg, model, results, live_figs)
+    if not cfg.timing:  # keep the JSON byte-reproducible: drop the CPU-time figures
+        accounting = {k: v for k, v in accounting.items() if not k.endswith("_per_token")}
+    report["accounting"] = accounting or None
     report["interrupted"] = interrupted
     return BenchOutcome(report, results, segments, intervals, interrupted)

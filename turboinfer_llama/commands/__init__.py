@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-SUBCOMMANDS: tuple[str, ...] = ("bench", "serve", "probe", "restore", "android", "trace")
+SUBCOMMANDS: tuple[str, ...] = ("bench", "sweep", "serve", "probe", "restore", "android", "trace")
 
 
 class CliError(Exception):

@@ -25,17 +25,19 @@ def register(sub: Any) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..bench.runner import ALL_CONTROLLERS, DEFAULT_CONTROLLERS
+    from ..control.factory import CONTROLLER_NAMES
 
     p.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
     p.add_argument("--prompts", help="prompts file: JSON list or one per line")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default 48)")
-    p.add_argument("--n-ctx", type=int, default=1024, help="context size (default 1024)")
+    p.add_argument("--n-ctx", type=int, default=2048, help="context size (default 2048)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: auto)")
     p.add_argument("--device", default="sim:adreno650", help="device spec (default sim:adreno650)")
     p.add_argument(
         "--controllers",
         default=",".join(DEFAULT_CONTROLLERS),
-        help=f"comma-separated (default {','.join(DEFAULT_CONTROLLERS)})",
+        help=f"comma-separated, of {', '.join(CONTROLLER_NAMES)} "
+        f"(default {','.join(DEFAULT_CONTROLLERS)})",
     )
     p.add_argument(
         "--meter",
@@ -197,7 +199,7 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from ..bench.report import live_line, table, write_csv, write_trace
+    from ..bench.report import accounting_line, live_line, table, write_csv, write_trace
     from ..bench.runner import BenchError, preflight, run_bench
 
     try:
@@ -206,7 +208,7 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
         raise CliError(str(e)) from e
     console = Console(stderr=False)
     if not console.is_terminal:
-        console.width = max(console.width, 150)  # keep the table whole in files and CI logs
+        console.width = max(console.width, 190)  # keep the table whole in files and CI logs
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -228,9 +230,9 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
     report = outcome.report
     if report["controllers"]:
         console.print(table(report))
-    line = live_line(report)
-    if line:
-        console.print(line)
+    for line in (live_line(report), accounting_line(report)):
+        if line:
+            console.print(line)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if args.csv_path and report["controllers"]:

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..engine.segments import Segment
 from .factory import for_device, make_controller
+from .registry import all_set
 from .replay import ReplayResult, replay
 
-DEFAULT_SET = ("default", "reactive", "ztt", "tmpc", "oracle")
+DEFAULT_SET: tuple[str, ...] = all_set()
 
 
 def compare(
@@ -24,10 +25,18 @@ def compare(
     latency_slack: float = 0.02,
     seed: int = 0,
     ztt_episodes: int = 3,
+    host_model: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Figures per controller: energy per token, TTFT, TPOT, saving and latency change
     vs ``default``, fraction of the oracle's saving. ``ztt`` first trains for
-    ``ztt_episodes - 1`` replays (its Q table carries over), then is measured."""
+    ``ztt_episodes - 1`` replays (its Q table carries over), then is measured. With
+    ``host_model`` (and a simulated device), the recorded segments first go through
+    the phone host model (``accounting.phone_segments``), as the benchmark does."""
+    profile = getattr(device_factory(), "profile", None)
+    if host_model and profile is not None:
+        from ..accounting import phone_segments
+
+        segments = phone_segments(segments, profile)
     results: dict[str, ReplayResult] = {}
     for name in ("default", *[n for n in names if n != "default"]):
         kw = for_device(device_factory())

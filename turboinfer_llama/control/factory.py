@@ -10,16 +10,10 @@ from ..engine.segments import Segment
 from .base import Controller
 from .model import PowerTable
 from .reference import ShadowParams
+from .registry import is_offline, replayable
 
-CONTROLLER_NAMES: tuple[str, ...] = (
-    "tmpc",
-    "default",
-    "max",
-    "static:<hz>",
-    "reactive",
-    "ztt",
-    "oracle",
-)
+# every name make_controller builds (from the registry; ``none`` opens no controller)
+CONTROLLER_NAMES: tuple[str, ...] = replayable()
 
 
 def make_controller(
@@ -34,10 +28,12 @@ def make_controller(
     device_factory: Any = None,
     horizon: int = 5,
     seed: int = 0,
+    oracle_refine: int = 8,
 ) -> Controller:
     """Build a controller. ``power``/``shadow`` describe the device (power per level,
-    its default governor's rules; see ``for_device``). ``oracle`` needs ``trace``
-    (the whole recorded run) and ``device_factory`` (a fresh simulator per call)."""
+    its default governor's rules; see ``for_device``). The offline ones (``oracle``,
+    ``static-best``, ``phase``) need ``trace`` (the whole run, as replay will run it)
+    and ``device_factory`` (a fresh simulator per call)."""
     levels = sorted(int(h) for h in device_levels_hz)
     if not levels:
         raise ValueError("device_levels_hz is empty")
@@ -86,15 +82,20 @@ def make_controller(
         return ZttQLearning(
             levels, power=power, shadow=shadow, latency_slack=latency_slack, seed=seed
         )
-    if name == "oracle":
+    if is_offline(name):
         if trace is None or device_factory is None:
             raise ValueError(
-                "oracle is offline: it needs trace= (the whole recorded run) "
+                f"{name} is offline: it needs trace= (the whole recorded run) "
                 "and device_factory= (a fresh simulator)"
             )
-        from .baselines.oracle import Oracle
+        if name == "oracle":
+            from .baselines.oracle import Oracle
 
-        return Oracle(trace, device_factory, latency_slack=latency_slack)
+            return Oracle(trace, device_factory, latency_slack=latency_slack, refine=oracle_refine)
+        from .baselines.hindsight import PhaseSplit, StaticBest
+
+        cls = StaticBest if name == "static-best" else PhaseSplit
+        return cls(trace, device_factory, latency_slack=latency_slack)
     raise ValueError(f"unknown controller {name!r}; valid names: {', '.join(CONTROLLER_NAMES)}")
 
 

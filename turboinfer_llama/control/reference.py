@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..devices.governors import TzRules, ondemand_target_hz, tz_ready, tz_step
+
 
 @dataclass(frozen=True)
 class ShadowParams:
@@ -76,7 +78,14 @@ class DefaultShadow:
         self._last_call = -1e30
         self._next_poll = float(params.ondemand_polling_ns)
         self._lazy = params.tz_laziness
-        self._lazy = params.tz_laziness
+        self._rules = TzRules(
+            params.tz_floor_ns,
+            params.tz_min_busy_ns,
+            params.tz_ceiling_ns,
+            params.tz_ramp_up_idle_ns,
+            params.tz_laziness,
+        )
+        self._levels_list = [int(h) for h in levels_hz]
 
     def _advance(self, dt: float, busy_rate: float) -> None:
         self.elapsed_ns += dt
@@ -91,33 +100,28 @@ class DefaultShadow:
         return self._last_call + self.p.tz_call_interval_ns
 
     def _decide(self) -> None:
+        """One call of the governor; the rules are ``devices.governors``' (the same code
+        the simulator runs)."""
         p, top = self.p, len(self.levels_hz) - 1
         total, busy = self._win_t, self._win_busy
         if p.governor == "simple_ondemand":
             self._next_poll += p.ondemand_polling_ns
             self._win_t = self._win_busy = 0.0
-            if total <= 0 or busy * 100 > total * p.ondemand_up:
-                self.level = top
-            elif busy * 100 <= total * (p.ondemand_up - p.ondemand_down):
-                hz = self.levels_hz[self.level]
-                target = busy * hz / total * 100 / (p.ondemand_up - p.ondemand_down // 2)
-                above = np.nonzero(self.levels_hz >= target)[0]
-                self.level = int(above[0]) if above.size else top
+            hz = ondemand_target_hz(
+                total,
+                busy,
+                self._levels_list[self.level],
+                self._levels_list,
+                p.ondemand_up,
+                p.ondemand_down,
+            )
+            self.level = self._levels_list.index(hz)
             return
         self._last_call = self.elapsed_ns
-        if total < p.tz_floor_ns or busy < p.tz_min_busy_ns:
+        if not tz_ready(total, busy, self._rules):
             return
         self._win_t = self._win_busy = 0.0
-        if busy > p.tz_ceiling_ns:
-            self.level = top
-        elif total - busy < p.tz_ramp_up_idle_ns:
-            self.level = min(self.level + 1, top)
-            self._lazy = p.tz_laziness
-        else:
-            self._lazy -= 1
-            if self._lazy <= 0:
-                self.level = max(self.level - 1, 0)
-                self._lazy = p.tz_laziness
+        self.level, self._lazy = tz_step(self.level, top, total, busy, self._lazy, self._rules)
 
     def run_stall(self, dur_ns: float) -> None:
         """msm-adreno-tz is called on KGSL idle/retire notifications, so only at the

@@ -19,7 +19,9 @@ import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
 
 from .base import (
     Capabilities,
@@ -30,11 +32,12 @@ from .base import (
     InvalidFrequency,
     snap_hz,
 )
+from .governors import GOVERNORS, TzRules, ondemand_target_hz, tz_ready, tz_step
 from .native import RecordActuator
 
 log = logging.getLogger(__name__)
 
-GOVERNORS: tuple[str, ...] = ("msm-adreno-tz", "simple_ondemand")
+__all__ = ["GOVERNORS", "BatchResult", "SimGpu", "SimProfile", "list_profiles", "load_profile"]
 SWITCH_PATHS: tuple[str, ...] = ("direct", "thermal")
 DEFAULT_PROFILE = "adreno650"
 PowerState = Literal["busy", "idle", "slumber"]
@@ -52,7 +55,11 @@ def list_profiles() -> list[str]:
 @dataclass(frozen=True)
 class SimProfile:
     """One GPU's parameters (SI units; times in ns). ``notes`` maps each parameter to
-    its ``source``/``assumption`` text from the profile file."""
+    its ``source``/``assumption`` text from the profile file.
+
+    The fields after ``ondemand_polling_ns`` have neutral defaults (no coupling, no
+    cost) so that a profile file without them still loads; the shipped profiles set
+    them all, each with its note."""
 
     name: str
     gpu: str
@@ -87,7 +94,57 @@ class SimProfile:
     ondemand_up_threshold: int
     ondemand_down_differential: int
     ondemand_polling_ns: int
+    # phone host model: the CPU side that feeds the GPU
+    host_enqueue_ns: int = 0
+    submit_batch_nodes: int = 1
+    submit_flush_ns: int = 0
+    host_cpu_factor: float = 1.0
+    # GPU-DDR coupling: each GPU level's DDR bandwidth vote
+    bus_vote_index: tuple[int, ...] = ()
+    bus_index_bandwidth_fraction: tuple[float, ...] = ()
+    bus_coupling: float = 0.0
+    dram_energy_j_per_byte: float = 0.0
+    # power state and switching costs
+    wakeup_ns: int = 0
+    switch_energy_j: float = 0.0
+    min_dwell_ns: int = 0
     notes: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.bus_vote_index:
+            if len(self.bus_vote_index) != len(self.levels_hz):
+                raise ValueError(f"profile {self.name}: bus_vote_index needs one vote per level")
+            n = len(self.bus_index_bandwidth_fraction)
+            fr = self.bus_index_bandwidth_fraction
+            if any(not 0 <= i < n or not 0 < fr[i] <= 1 for i in self.bus_vote_index):
+                raise ValueError(
+                    f"profile {self.name}: bus_vote_index must index "
+                    f"bus_index_bandwidth_fraction (0..{n - 1}) at fractions in (0, 1]"
+                )
+        if not 0.0 <= self.bus_coupling <= 1.0:
+            raise ValueError(f"profile {self.name}: bus_coupling must be within 0..1")
+        if self.submit_batch_nodes < 1 or self.host_cpu_factor <= 0:
+            raise ValueError(
+                f"profile {self.name}: submit_batch_nodes >= 1 and host_cpu_factor > 0"
+            )
+        factors = tuple(self._bus_factor(i) for i in range(len(self.levels_hz)))
+        object.__setattr__(self, "_bw_factor_by_level", factors)
+        object.__setattr__(self, "_level_index", {h: i for i, h in enumerate(self.levels_hz)})
+        object.__setattr__(self, "_power_cache", {})
+
+    def _bus_factor(self, i: int) -> float:
+        if not self.bus_vote_index or self.bus_coupling == 0.0:
+            return 1.0
+        frac = float(self.bus_index_bandwidth_fraction[self.bus_vote_index[i]])
+        return 1.0 - self.bus_coupling * (1.0 - frac)
+
+    def bandwidth_factor(self, hz: int) -> float:
+        """Share of peak DRAM bandwidth the GPU's bus vote at ``hz`` allows (1 when
+        uncoupled: Mali, or ``bus_coupling`` 0). Between levels: the level below."""
+        i = self._level_index.get(hz)  # type: ignore[attr-defined]
+        if i is None:
+            i = max(sum(1 for h in self.levels_hz if h <= hz) - 1, 0)
+        return self._bw_factor_by_level[i]  # type: ignore[attr-defined,no-any-return]
 
     def voltage_v(self, hz: int) -> float:
         """Voltage of a level; between levels, linear interpolation."""
@@ -101,7 +158,15 @@ class SimProfile:
         return volts[-1]
 
     def power_w(self, hz: int, state: PowerState) -> float:
-        """Instantaneous GPU power at clock ``hz`` in ``state``."""
+        """Instantaneous GPU power at clock ``hz`` in ``state`` (DRAM energy is per byte,
+        charged by the kernels, not here)."""
+        cache: dict[tuple[int, str], float] = self._power_cache  # type: ignore[attr-defined]
+        w = cache.get((hz, state))
+        if w is None:
+            w = cache[(hz, state)] = self._power_w(hz, state)
+        return w
+
+    def _power_w(self, hz: int, state: PowerState) -> float:
         if state == "slumber":
             return self.slumber_power_w
         v = self.voltage_v(hz)
@@ -114,16 +179,62 @@ class SimProfile:
     def kernel_ns(
         self, flops: float, bytes_: float, hz: int, bandwidth_share: float = 1.0
     ) -> float:
-        """Roofline time of one kernel: compute at ``hz``, DRAM at the available
-        bandwidth, the shorter partly hidden under the longer, never below the floor."""
+        """Roofline time of one kernel: compute at ``hz``, DRAM at the bandwidth the
+        level's bus vote and other apps leave, the shorter partly hidden under the
+        longer, never below the floor."""
         t_c = flops / (self.peak_ops_per_cycle * self.compute_efficiency * hz) * 1e9
-        bw = self.dram_bandwidth_bytes_per_s * self.memory_efficiency * bandwidth_share
+        bw = (
+            self.dram_bandwidth_bytes_per_s
+            * self.memory_efficiency
+            * bandwidth_share
+            * self.bandwidth_factor(hz)
+        )
         t_m = bytes_ / bw * 1e9
         t = max(t_c, t_m) + (1.0 - self.compute_memory_overlap) * min(t_c, t_m)
         return max(t, float(self.kernel_floor_ns))
 
+    def kernel_ns_array(
+        self, flops: np.ndarray, bytes_: np.ndarray, hz: int, bandwidth_share: float = 1.0
+    ) -> np.ndarray:
+        """``kernel_ns`` over arrays of kernels at one clock (same formula)."""
+        t_c = flops * (1e9 / (self.peak_ops_per_cycle * self.compute_efficiency * hz))
+        bw = (
+            self.dram_bandwidth_bytes_per_s
+            * self.memory_efficiency
+            * bandwidth_share
+            * self.bandwidth_factor(hz)
+        )
+        t_m = bytes_ * (1e9 / bw)
+        hi = np.maximum(t_c, t_m)
+        lo = np.minimum(t_c, t_m)
+        return np.maximum(
+            hi + (1.0 - self.compute_memory_overlap) * lo, float(self.kernel_floor_ns)
+        )
+
+    def host_gaps_ns(self, n_kernels: int) -> np.ndarray:
+        """The phone host's gap before each of a graph's ``n_kernels`` kernels: the
+        GPU waits while the CPU enqueues (OpenCL, ``submit_batch_nodes`` 1: every
+        kernel) or records a batch of nodes and submits it (Vulkan, ~100 nodes: before
+        the first kernel of each batch). Replaces the recording host's inter-kernel
+        gaps; no CPU/GPU overlap is assumed (see the profile notes)."""
+        n = int(n_kernels)
+        gaps = np.zeros(n, dtype=np.int64)
+        if n == 0:
+            return gaps
+        b = self.submit_batch_nodes
+        starts = np.arange(0, n, b)
+        sizes = np.minimum(b, n - starts)
+        gaps[starts] = sizes * self.host_enqueue_ns + self.submit_flush_ns
+        return gaps
+
+    def scale_host_ns(self, dur_ns: float) -> int:
+        """Per-token CPU work (graph build before a submit, sampling) measured on the
+        recording host, as it would take on the phone's CPU."""
+        return round(dur_ns * self.host_cpu_factor)
+
 
 _SCALES = {"_us": _US, "_ms": _MS}
+_TUPLES = ("bus_vote_index", "bus_index_bandwidth_fraction")
 
 
 def load_profile(name_or_path: str) -> SimProfile:
@@ -158,7 +269,7 @@ def _parse_profile(raw: dict[str, Any], origin: str) -> SimProfile:
         for suffix, scale in _SCALES.items():
             if key.endswith(suffix):
                 key, value = key[: -len(suffix)] + "_ns", round(value * scale)
-        values[key] = value
+        values[key] = tuple(value) if key in _TUPLES else value
     levels = tuple(int(h) for h in values.pop("levels_hz"))
     volts = tuple(float(v) for v in values.pop("voltages_v"))
     if len(levels) != len(volts) or list(levels) != sorted(set(levels)):
@@ -184,6 +295,22 @@ class _Window:
     busy0_ns: int = 0
 
 
+class BatchResult(NamedTuple):
+    """What ``SimGpu.run_batch`` did. ``end_ns`` holds the virtual end time of each
+    completed kernel. When it stopped at ``stop_at_ns`` inside kernel ``n_done``'s
+    gap, ``gap_left_ns`` of that gap is still to run; inside the kernel itself (split
+    linearly above its floor), ``work_left`` of its work (1.0: not started)."""
+
+    n_done: int
+    end_ns: np.ndarray
+    gap_left_ns: int
+    work_left: float
+
+
+_CHUNK_MIN = 128  # kernels timed per vectorised step; grows while no event cuts it
+_CHUNK_MAX = 4096
+
+
 class SimGpu:
     """A simulated GPU implementing ``GpuDevice`` plus the replay API.
 
@@ -193,6 +320,12 @@ class SimGpu:
     module) or ``"thermal"`` (Android's thermal framework). ``background_share`` is the
     fraction of DRAM bandwidth other apps take. ``pmu_noise`` is the relative standard
     deviation of the simulated instruction counter (seeded by ``seed``).
+    ``background_schedule`` changes that share at virtual times (ns after
+    ``start_ns``): a photo backup starting and stopping mid-run, say.
+
+    Every applied level change costs the profile's ``switch_energy_j`` and no change
+    lands sooner than ``min_dwell_ns`` after the previous one, whoever asked for it
+    (a controller or the device's own governor).
     """
 
     def __init__(
@@ -206,6 +339,7 @@ class SimGpu:
         seed: int = 0,
         start_ns: int = 0,
         record_intervals: bool = False,
+        background_schedule: list[tuple[int, float]] | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, SimProfile) else load_profile(profile)
         if switch_path not in SWITCH_PATHS:
@@ -227,10 +361,14 @@ class SimGpu:
         )
         self._lock = threading.RLock()
         self._levels = list(p.levels_hz)
+        self._tz_rules = TzRules(
+            p.tz_floor_ns, p.tz_min_busy_ns, p.tz_ceiling_ns, p.tz_ramp_up_idle_ns, p.tz_laziness
+        )
         self._t = int(start_ns)
         self._t0 = int(start_ns)
         self._hz = snap_hz(self._levels, p.initial_hz)
         self._pending: list[tuple[int, int]] = []
+        self._last_switch_ns: int | None = None
         self._min_hz = self._levels[0]
         self._max_hz = self._levels[-1]
         self._pin_hz: int | None = None
@@ -242,6 +380,13 @@ class SimGpu:
         self.pmu_noise = pmu_noise
         self._bw_share = 1.0
         self.background_share = background_share
+        # other apps' DRAM load changing at virtual times (t_ns after start, share)
+        self._load_changes = sorted(
+            (int(start_ns) + int(t), float(sh)) for t, sh in (background_schedule or [])
+        )
+        for _, sh in self._load_changes:
+            if not 0.0 <= sh < 1.0:
+                raise ValueError(f"background_schedule shares must be in [0, 1), got {sh}")
         self.energy_j = 0.0
         self.energy_by_phase_j: dict[str, float] = {}
         self.time_by_phase_ns: dict[str, int] = {}
@@ -251,6 +396,10 @@ class SimGpu:
         self.kernels = 0
         self.switches = 0
         self.switch_log: list[tuple[int, int]] = []
+        self.switch_energy_j = 0.0
+        self.dram_bytes = 0.0
+        self.dram_energy_j = 0.0
+        self.wakeups = 0
         self._instructions = 0.0
         self.record_intervals = record_intervals
         self.intervals: list[tuple[int, int, int, str, str, float]] = []
@@ -330,23 +479,24 @@ class SimGpu:
             self.restore(self._initial)
             self._closed = True
 
-    # ---- replay API --------------------------------------------------------------
+    # ---- replay API: the per-kernel reference path --------------------------------
 
     def now_ns(self) -> int:
         return self._t
 
     def run_kernel(self, op: str, flops: float, bytes_: float, *, phase: str) -> int:
-        """Run one kernel from now; returns the virtual ns it took."""
+        """Run one kernel from now; returns the virtual ns it took (a wake-up from
+        slumber included)."""
         if flops < 0 or bytes_ < 0:
             raise ValueError(f"kernel {op}: flops and bytes must be >= 0")
         with self._lock:
             start = self._t
             self._phase = phase
+            self._wake(phase)
             self._idle_since = None
-            self._slumber = False
             remaining = 1.0
             while remaining > 0:
-                full_ns = self.profile.kernel_ns(flops, bytes_, self._hz, self._bw_share)
+                full_ns = self.kernel_ns(flops, bytes_)
                 need = remaining * full_ns
                 nxt = self._next_event_ns()
                 if self._t + need <= nxt:
@@ -356,6 +506,10 @@ class SimGpu:
                 self._account(dt, "busy", phase)
                 remaining -= dt / full_ns
                 self._fire_due()
+            e_dram = bytes_ * self.profile.dram_energy_j_per_byte
+            self._charge(e_dram, phase)
+            self.dram_energy_j += e_dram
+            self.dram_bytes += bytes_
             work = (
                 flops * self.profile.instructions_per_op
                 + bytes_ * self.profile.instructions_per_byte
@@ -398,6 +552,171 @@ class SimGpu:
         with self._lock:
             if t_ns > self._t:
                 self._idle_until(int(t_ns), phase or self._phase)
+
+    # ---- replay API: the vectorised batch path ------------------------------------
+
+    def run_batch(
+        self,
+        flops: np.ndarray,
+        bytes_: np.ndarray,
+        gaps_ns: np.ndarray,
+        *,
+        phase: str,
+        stop_at_ns: int | None = None,
+        gap_kind: str = "inter_kernel",
+    ) -> BatchResult:
+        """Run kernels ``i`` = 0.. (each preceded by its host gap ``gaps_ns[i]``) at the
+        current clock, until the batch ends or virtual time ``stop_at_ns`` (a switch
+        instant of the caller's). Same results as ``run_gap`` + ``run_kernel`` per
+        kernel (to integer-ns rounding), numpy over the kernels between device events:
+        the device governor's decision instants, switches landing, a gap long enough
+        to slumber. Those items take the per-kernel path. A stop inside a kernel
+        splits it as ``control.replay`` does: linearly in its work, and only where it
+        is more than its floor from either end (else the kernel runs whole). When a
+        switch lands inside that first part, it ends before ``stop_at_ns``: call again
+        with the rest (``work_left``), as replay re-splits."""
+        f = np.asarray(flops, dtype=np.float64)
+        b = np.asarray(bytes_, dtype=np.float64)
+        g = np.asarray(gaps_ns, dtype=np.int64)
+        n = len(f)
+        if len(b) != n or len(g) != n:
+            raise ValueError("run_batch: flops, bytes_ and gaps_ns must have one entry per kernel")
+        if n and (f.min() < 0 or b.min() < 0 or g.min() < 0):
+            raise ValueError("run_batch: flops, bytes and gaps must be >= 0")
+        ends = np.empty(n, dtype=np.int64)
+        p = self.profile
+        with self._lock:
+            self._phase = phase
+            if n:
+                self._tz_notify()  # the first gap's start, as run_gap notifies
+            i = 0
+            chunk = _CHUNK_MIN
+            while i < n:
+                t = self._t
+                if stop_at_ns is not None and stop_at_ns <= t:
+                    return BatchResult(i, ends[:i], int(g[i]), 1.0)
+                if self._next_device_event_ns() <= t:
+                    self._fire_due()
+                    continue
+                m = (
+                    0
+                    if self._slumber
+                    else self._bulk_span(f, b, g, i, stop_at_ns, ends, gap_kind, chunk)
+                )
+                if m > 0:
+                    chunk = min(2 * chunk, _CHUNK_MAX) if m == chunk else _CHUNK_MIN
+                    i += m
+                    continue
+                # item i holds a device event, a stop or a slumber: per-kernel path
+                if stop_at_ns is not None and stop_at_ns <= t + g[i]:
+                    # a stop at the gap's very end comes before the kernel, as in replay
+                    self.run_gap(int(stop_at_ns - t), kind=gap_kind, phase=phase)
+                    return BatchResult(i, ends[:i], int(t + g[i] - stop_at_ns), 1.0)
+                self.run_gap(int(g[i]), kind=gap_kind, phase=phase)
+                if stop_at_ns is not None and not self._slumber:
+                    now = self._t
+                    full = self.kernel_ns(float(f[i]), float(b[i]))
+                    floor = p.kernel_floor_ns
+                    if now + floor < stop_at_ns < now + full - max(1_000, floor):
+                        frac = (stop_at_ns - now) / full
+                        self.run_kernel("batch", f[i] * frac, b[i] * frac, phase=phase)
+                        return BatchResult(i, ends[:i], 0, 1.0 - frac)
+                self.run_kernel("batch", float(f[i]), float(b[i]), phase=phase)
+                ends[i] = self._t
+                i += 1
+            return BatchResult(n, ends, 0, 1.0)
+
+    def _bulk_span(
+        self,
+        f: np.ndarray,
+        b: np.ndarray,
+        g: np.ndarray,
+        i: int,
+        stop_at_ns: int | None,
+        ends: np.ndarray,
+        kind: str,
+        chunk: int,
+    ) -> int:
+        """Run, vectorised, the kernels from ``i`` that end before the next device
+        event or stop (and up to the next msm-adreno-tz notification that is due);
+        returns how many ran."""
+        p = self.profile
+        t = self._t
+        j = min(len(f), i + chunk)
+        gaps = g[i:j]
+        # a gap that reaches the idle timeout slumbers: leave it to the per-kernel path
+        timeout = p.idle_timeout_ns
+        idle0 = t - self._idle_since if self._idle_since is not None else 0
+        m_max = len(gaps)
+        if m_max and int(gaps.max()) >= timeout:
+            m_max = int(np.argmax(gaps >= timeout))
+        if m_max > 0 and gaps[0] + idle0 >= timeout:
+            m_max = 0
+        if m_max == 0:
+            return 0
+        hz = self._hz
+        dur = np.rint(p.kernel_ns_array(f[i : i + m_max], b[i : i + m_max], hz, self._bw_share))
+        dur_i = dur.astype(np.int64)
+        end = t + np.cumsum(gaps[:m_max] + dur_i)
+        limit: float = self._next_device_event_ns()
+        if stop_at_ns is not None:
+            limit = min(limit, stop_at_ns)
+        m = int(np.searchsorted(end, limit, side="right")) if limit < math.inf else m_max
+        notify = False
+        if self._governor == "msm-adreno-tz" and m > 0:
+            last = self._tz_last_call_ns
+            due = -math.inf if last is None else last + p.tz_call_interval_ns
+            k = int(np.searchsorted(end[:m], due, side="left"))
+            if k < m:
+                m, notify = k + 1, True
+        if m == 0:
+            return 0
+        gap_sum = int(gaps[:m].sum())
+        busy_sum = int(dur_i[:m].sum())
+        fb, bb = f[i : i + m], b[i : i + m]
+        bytes_sum = float(bb.sum())
+        w_idle = p.power_w(hz, "idle")
+        w_busy = p.power_w(hz, "busy")
+        e_dram = bytes_sum * p.dram_energy_j_per_byte
+        phase = self._phase
+        if self.record_intervals:
+            starts = end[:m] - dur_i[:m] - gaps[:m]
+            for k in range(m):
+                self._record(
+                    int(starts[k]), int(gaps[k]), hz, "idle", phase, w_idle * gaps[k] * 1e-9
+                )
+                self._record(
+                    int(starts[k] + gaps[k]),
+                    int(dur_i[k]),
+                    hz,
+                    "busy",
+                    phase,
+                    w_busy * dur_i[k] * 1e-9 + bb[k] * p.dram_energy_j_per_byte,
+                )
+        e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
+        self.energy_j += e
+        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
+        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + gap_sum + busy_sum
+        self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + gap_sum
+        self.busy_ns += busy_sum
+        self.busy_cycles += busy_sum * hz / 1e9
+        self.dram_bytes += bytes_sum
+        self.dram_energy_j += e_dram
+        work = fb * p.instructions_per_op + bb * p.instructions_per_byte
+        if self.pmu_noise > 0:
+            for k in range(m):
+                self._instructions += float(work[k]) * max(
+                    0.0, 1.0 + self._rng.gauss(0.0, self.pmu_noise)
+                )
+        else:
+            self._instructions += float(work.sum())
+        self.kernels += m
+        self._t = int(end[m - 1])
+        self._idle_since = None
+        ends[i : i + m] = end[:m]
+        if notify:
+            self._tz_notify()
+        return m
 
     # ---- extras for controllers, meters and tests --------------------------------
 
@@ -466,6 +785,14 @@ class SimGpu:
     def power_w(self, hz: int | None = None, state: PowerState = "busy") -> float:
         return self.profile.power_w(hz or self._hz, state)
 
+    def host_gaps_ns(self, n_kernels: int) -> np.ndarray:
+        """The phone host's gap before each kernel of a graph (``SimProfile.host_gaps_ns``)."""
+        return self.profile.host_gaps_ns(n_kernels)
+
+    def scale_host_ns(self, dur_ns: float) -> int:
+        """A sample or submit stall on the phone's CPU (``SimProfile.scale_host_ns``)."""
+        return self.profile.scale_host_ns(dur_ns)
+
     # ---- internals ---------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -490,30 +817,52 @@ class SimGpu:
         return hz
 
     def _request(self, hz: int, latency_ns: int) -> None:
+        """Schedule a level change after ``latency_ns``, and no sooner than the minimum
+        dwell after the previous change (applied or still pending)."""
         if hz == self._target_hz():
             return
-        self._pending.append((self._t + latency_ns, hz))
-        self._pending.sort(key=lambda p: p[0])
-        if latency_ns == 0:
+        at = self._t + latency_ns
+        dwell = self.profile.min_dwell_ns
+        if dwell > 0:
+            last = self._pending[-1][0] if self._pending else self._last_switch_ns
+            if last is not None:
+                at = max(at, last + dwell)
+        self._pending.append((at, hz))
+        self._pending.sort(key=lambda q: q[0])
+        if at <= self._t:
             self._fire_due()
 
-    def _next_event_ns(self) -> int | float:
+    def _next_device_event_ns(self) -> int | float:
+        """The next switch landing or governor poll (not the idle timeout)."""
         nxt: int | float = math.inf
         if self._pending:
             nxt = self._pending[0][0]
         if self._next_poll_ns is not None:
             nxt = min(nxt, self._next_poll_ns)
+        if self._load_changes:
+            nxt = min(nxt, self._load_changes[0][0])
+        return nxt
+
+    def _next_event_ns(self) -> int | float:
+        nxt = self._next_device_event_ns()
         if self._idle_since is not None and not self._slumber:
             nxt = min(nxt, self._idle_since + self.profile.idle_timeout_ns)
         return nxt
 
     def _fire_due(self) -> None:
+        while self._load_changes and self._load_changes[0][0] <= self._t:
+            self._bw_share = 1.0 - self._load_changes.pop(0)[1]
         while self._pending and self._pending[0][0] <= self._t:
             _, hz = self._pending.pop(0)
             if hz != self._hz:
                 self._hz = hz
                 self.switches += 1
                 self.switch_log.append((self._t, hz))
+                self._last_switch_ns = self._t
+                e = self.profile.switch_energy_j
+                if e:
+                    self.switch_energy_j += e
+                    self._charge(e, self._phase)
         if self._next_poll_ns is not None and self._next_poll_ns <= self._t:
             self._ondemand_poll()
             while self._next_poll_ns <= self._t:
@@ -525,6 +874,18 @@ class SimGpu:
         ):
             self._slumber = True
 
+    def _wake(self, phase: str) -> None:
+        """Leave slumber before a kernel: the GPU powers up for ``wakeup_ns`` (idle
+        power) before it can compute."""
+        if not self._slumber:
+            return
+        self._slumber = False
+        self.wakeups += 1
+        wake = self.profile.wakeup_ns
+        if wake > 0:
+            self._idle_since = self._t
+            self._idle_until(self._t + wake, phase)
+
     def _idle_until(self, t_end: int, phase: str) -> None:
         if self._idle_since is None:
             self._idle_since = self._t
@@ -532,6 +893,25 @@ class SimGpu:
             nxt = min(t_end, self._next_event_ns())
             self._account(int(nxt) - self._t, "slumber" if self._slumber else "idle", phase)
             self._fire_due()
+
+    def _charge(self, e: float, phase: str) -> None:
+        """Energy not tied to a time slice (DRAM traffic, a switch)."""
+        if not e:
+            return
+        self.energy_j += e
+        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
+        if self.record_intervals and self.intervals:
+            last = self.intervals[-1]
+            self.intervals[-1] = (*last[:5], last[5] + e)
+
+    def _record(self, t: int, dt: int, hz: int, state: str, phase: str, e: float) -> None:
+        if dt <= 0:
+            return
+        last = self.intervals[-1] if self.intervals else None
+        if last and last[0] + last[1] == t and last[2:5] == (hz, state, phase):
+            self.intervals[-1] = (last[0], last[1] + dt, hz, state, phase, last[5] + e)
+        else:
+            self.intervals.append((t, dt, hz, state, phase, e))
 
     def _account(self, dt_ns: int, state: PowerState, phase: str) -> None:
         if dt_ns <= 0:
@@ -544,11 +924,7 @@ class SimGpu:
             self.busy_ns += dt_ns
             self.busy_cycles += dt_ns * self._hz / 1e9
         if self.record_intervals:
-            last = self.intervals[-1] if self.intervals else None
-            if last and last[0] + last[1] == self._t and last[2:5] == (self._hz, state, phase):
-                self.intervals[-1] = (last[0], last[1] + dt_ns, self._hz, state, phase, last[5] + e)
-            else:
-                self.intervals.append((self._t, dt_ns, self._hz, state, phase, e))
+            self._record(self._t, dt_ns, self._hz, state, phase, e)
         self._t += dt_ns
 
     def _reset_window(self) -> None:
@@ -561,11 +937,8 @@ class SimGpu:
         self._request(self._clamp(hz), self.profile.switch_latency_direct_ns)
 
     def _tz_notify(self) -> None:
-        """msm-adreno-tz on a KGSL retire/idle notification (governor_msm_adreno_tz.c:
-        throttled to one call per interval; needs FLOOR window and MIN_BUSY busy;
-        busy above CEILING jumps to the top). TrustZone's own step is closed source:
-        modelled as simple_gpu_algorithm does, up one level when the window's idle time
-        is under a threshold, down one level after ``tz_laziness`` calls that were not."""
+        """msm-adreno-tz on a KGSL retire/idle notification: throttled to one call per
+        interval; the rules are ``devices.governors.tz_step``."""
         if self._governor != "msm-adreno-tz":
             return
         p = self.profile
@@ -574,41 +947,32 @@ class SimGpu:
             return
         self._tz_last_call_ns = self._t
         total, busy = self._window_stats()
-        if total == 0 or total < p.tz_floor_ns or busy < p.tz_min_busy_ns:
+        if not tz_ready(total, busy, self._tz_rules):
             return
         self._reset_window()
         self.governor_decisions += 1
-        top = len(self._levels) - 1
         i = self._levels.index(self._hz)
-        if busy > p.tz_ceiling_ns:
-            i = top
-        elif total - busy < p.tz_ramp_up_idle_ns:
-            i = min(i + 1, top)
-            self._tz_lazy = p.tz_laziness
-        else:
-            self._tz_lazy -= 1
-            if self._tz_lazy <= 0:
-                i = max(i - 1, 0)
-                self._tz_lazy = p.tz_laziness
+        i, self._tz_lazy = tz_step(
+            i, len(self._levels) - 1, total, busy, self._tz_lazy, self._tz_rules
+        )
         self._governor_request(self._levels[i])
 
     def _ondemand_poll(self) -> None:
-        """devfreq_simple_ondemand_func, integer arithmetic as in the kernel; devfreq
-        then takes the lowest level at or above the target."""
+        """simple_ondemand on its polling timer (``devices.governors``)."""
         p = self.profile
         total, busy = self._window_stats()
         self._reset_window()
         self.governor_decisions += 1
-        up, down = p.ondemand_up_threshold, p.ondemand_down_differential
-        top = self._levels[-1]
-        if total == 0 or busy * 100 > total * up:
-            target = top
-        elif busy * 100 > total * (up - down):
-            target = self._hz
-        else:
-            target_f = busy * self._hz // total * 100 // (up - down // 2)
-            target = next((lv for lv in self._levels if lv >= target_f), top)
-        self._governor_request(target)
+        self._governor_request(
+            ondemand_target_hz(
+                total,
+                busy,
+                self._hz,
+                self._levels,
+                p.ondemand_up_threshold,
+                p.ondemand_down_differential,
+            )
+        )
 
 
 def available(arg: str | None = None, *, root: str = "/") -> tuple[bool, str]:

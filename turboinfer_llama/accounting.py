@@ -1,0 +1,583 @@
+"""Arrays-based accounting of a recorded run on the simulated phone GPU.
+
+The live loop (and the benchmark's hindsight baselines) need two figures per finished
+request, fast: the energy of the recorded timeline under the frequency switches a
+controller actually issued, and the energy and latency under the device's default
+governor. Both used to be a per-kernel replay in Python (18-55 ms of CPU per token).
+Here the recorded run becomes, once, a list of graphs (numpy arrays of each kernel's
+work and host gap) and the stalls between them, and the simulator runs each graph with
+``SimGpu.run_batch``, cut only at switch instants and at the device governor's own
+decision instants. The physics is the simulator's (the same ``SimGpu``), so results
+match the per-kernel path to rounding.
+
+The phone's host side is applied here, once, the same way whatever the recording's
+granularity (``phone_segments`` is the same transformation for ``control.replay``):
+the recording host's inter-kernel gaps are dropped and replaced by the profile's
+enqueue/submission gaps (``SimProfile.host_gaps_ns``), and the per-token CPU work
+(submit and sample stalls) is scaled by the profile's CPU-speed factor. Idle stalls
+(between requests) are kept as recorded.
+
+Every figure is simulated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .devices.sim import SimGpu, SimProfile
+from .engine.events import StallKind
+from .engine.graph import cost
+from .engine.segments import Segment
+
+__all__ = [
+    "Account",
+    "PhoneTrace",
+    "Switches",
+    "applied_energy",
+    "default_shadow",
+    "phase_split",
+    "phone_segments",
+    "static_levels",
+]
+
+
+# ---- the phone host model over recorded segments -----------------------------------
+
+
+def _graph_ids(segments: Sequence[Segment]) -> list[Segment]:
+    """Submit stalls carry the graph that follows, sample stalls the graph before
+    (as ``control.replay.with_graphs`` does; kept here so devices-level code does not
+    import the controller package)."""
+    from .control.replay import with_graphs
+
+    return with_graphs(segments)
+
+
+def phone_segments(segments: Sequence[Segment], profile: SimProfile) -> list[Segment]:
+    """``segments`` as they would run on the phone of ``profile``: recorded inter-kernel
+    gaps dropped, the profile's host gaps (``host_gaps_ns``) inserted before the
+    kernels that get one, submit and sample stalls scaled by ``host_cpu_factor``.
+    Kernels keep their ``timed`` flag, so ``control.replay`` still places events as the
+    recording's granularity dictates. Use with a profile whose ``host_submission_ns``
+    is 0 (the shipped ones), so no host cost is counted twice."""
+    out: list[Segment] = []
+    segs = list(segments)
+    i = 0
+    n = len(segs)
+    while i < n:
+        s = segs[i]
+        if s.kind == "stall":
+            if s.stall is StallKind.INTER_KERNEL:
+                i += 1
+                continue
+            if s.stall in (StallKind.SUBMIT, StallKind.SAMPLE):
+                s = _with_dur(s, profile.scale_host_ns(s.dur_ns))
+            out.append(s)
+            i += 1
+            continue
+        # one graph's run of kernels (inter-kernel stalls in between)
+        j = i
+        graph_kernels: list[Segment] = []
+        while j < n and (
+            (segs[j].kind == "kernel" and segs[j].graph == s.graph)
+            or segs[j].stall is StallKind.INTER_KERNEL
+        ):
+            if segs[j].kind == "kernel":
+                graph_kernels.append(segs[j])
+            j += 1
+        real = [k for k in graph_kernels if not cost(k.op, k.shape).is_noop]
+        gaps = profile.host_gaps_ns(len(real))
+        gap_of = {id(k): int(g) for k, g in zip(real, gaps, strict=True)}
+        for k in graph_kernels:
+            g = gap_of.get(id(k), 0)
+            if g > 0:
+                out.append(
+                    Segment(
+                        "stall",
+                        k.t_ns,
+                        g,
+                        k.phase,
+                        stall=StallKind.INTER_KERNEL,
+                        request=k.request,
+                        token=k.token,
+                        graph=k.graph,
+                    )
+                )
+            out.append(k)
+        i = j
+    return out
+
+
+def _with_dur(s: Segment, dur_ns: int) -> Segment:
+    return Segment(
+        s.kind,
+        s.t_ns,
+        int(dur_ns),
+        s.phase,
+        stall=s.stall,
+        request=s.request,
+        token=s.token,
+        graph=s.graph,
+        node=s.node,
+        layer=s.layer,
+        op=s.op,
+        name=s.name,
+        shape=s.shape,
+        timed=s.timed,
+    )
+
+
+# ---- the trace as arrays -------------------------------------------------------------
+
+
+@dataclass
+class _Graph:
+    """One graph's kernels: work, DRAM traffic and the host gap before each."""
+
+    graph: int
+    phase: str
+    flops: np.ndarray
+    bytes_: np.ndarray
+    gaps_ns: np.ndarray
+    first_kernel: int  # global index of its first kernel
+    node_ids: np.ndarray
+
+
+@dataclass
+class _Stall:
+    dur_ns: int
+    kind: str
+    phase: str
+    token_request: int  # >= 0: a token of that request is produced at the stall's end
+
+
+@dataclass
+class PhoneTrace:
+    """A recorded run prepared once for a profile: graphs as arrays, stalls between.
+    ``steps`` is the run in order; ``request_begin`` marks, per step index, the
+    requests that begin before that step (as ``control.replay`` emits REQUEST_BEGIN).
+    """
+
+    profile_name: str
+    steps: list[_Graph | _Stall]
+    request_begin: dict[int, int]
+    n_kernels: int
+    tokens: int
+    _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls, segments: Sequence[Segment], profile: SimProfile, *, host_model: bool = True
+    ) -> PhoneTrace:
+        """Walk the recorded segments once, applying the phone host model; with
+        ``host_model=False`` the segments are taken as they are (already through
+        ``phone_segments``, or a synthetic trace): inter-kernel stalls become the gap
+        before the next kernel, stalls keep their length, and kernels without
+        per-kernel timing get the profile's ``host_submission_ns``, as replay does."""
+        if not segments:
+            raise ValueError("accounting needs at least one segment")
+        segs = _graph_ids(segments)
+        steps: list[_Graph | _Stall] = []
+        request_begin: dict[int, int] = {}
+        request = -1
+        n_kernels = 0
+        tokens = 0
+        index: dict[tuple[int, int], int] = {}
+        costs: dict[Any, tuple[float, float]] = {}
+        pending_gap = 0  # host_model=False: inter-kernel stall before the next kernel
+        i = 0
+        n = len(segs)
+        while i < n:
+            s = segs[i]
+            if s.request >= 0 and s.request != request and s.stall is not StallKind.IDLE:
+                request = s.request
+                request_begin[len(steps)] = request
+            if s.kind == "stall":
+                kind = s.stall or StallKind.IDLE
+                i += 1
+                if kind is StallKind.INTER_KERNEL:
+                    if not host_model:
+                        pending_gap += int(s.dur_ns)
+                    continue  # else replaced by the host model
+                if kind is StallKind.IDLE:
+                    request = -1
+                    steps.append(_Stall(int(s.dur_ns), kind.value, s.phase, -1))
+                    continue
+                dur = profile.scale_host_ns(s.dur_ns) if host_model else int(s.dur_ns)
+                tok = -1
+                if kind is StallKind.SAMPLE and request >= 0:
+                    tok = request
+                    tokens += 1
+                steps.append(_Stall(dur, kind.value, s.phase, tok))
+                continue
+            graph, phase = s.graph, s.phase
+            flops: list[float] = []
+            bytes_: list[float] = []
+            nodes: list[int] = []
+            own_gaps: list[int] = []
+            while i < n and (
+                (segs[i].kind == "kernel" and segs[i].graph == graph)
+                or segs[i].stall is StallKind.INTER_KERNEL
+            ):
+                k = segs[i]
+                i += 1
+                if k.kind != "kernel":
+                    if not host_model:
+                        pending_gap += int(k.dur_ns)
+                    continue
+                sh = k.shape
+                key = (
+                    k.op,
+                    None
+                    if sh is None
+                    else (
+                        sh.ne,
+                        sh.type,
+                        sh.src0_ne,
+                        sh.src0_type,
+                        sh.src1_ne,
+                        sh.src1_type,
+                        sh.nbytes,
+                    ),
+                )
+                work = costs.get(key)
+                if work is None:
+                    c = cost(k.op, sh)
+                    work = costs[key] = (c.flops, c.bytes)
+                if work == (0, 0):
+                    continue
+                flops.append(work[0])
+                bytes_.append(work[1])
+                nodes.append(k.node)
+                if not host_model:
+                    own_gaps.append(pending_gap + (0 if k.timed else profile.host_submission_ns))
+                    pending_gap = 0
+            if not flops:
+                continue
+            for j, node in enumerate(nodes):
+                index[(graph, node)] = n_kernels + j
+            steps.append(
+                _Graph(
+                    graph,
+                    phase,
+                    np.asarray(flops, dtype=np.float64),
+                    np.asarray(bytes_, dtype=np.float64),
+                    profile.host_gaps_ns(len(flops))
+                    if host_model
+                    else np.asarray(own_gaps, dtype=np.int64),
+                    n_kernels,
+                    np.asarray(nodes, dtype=np.int64),
+                )
+            )
+            n_kernels += len(flops)
+        return cls(profile.name, steps, request_begin, n_kernels, tokens, index)
+
+    @classmethod
+    def empty(cls, profile: SimProfile) -> PhoneTrace:
+        """A trace to fill incrementally, as a live loop finishes graphs and stalls."""
+        return cls(profile.name, [], {}, 0, 0, {})
+
+    def begin_request(self, request: int) -> None:
+        """Request ``request`` begins before the next step (its TTFT starts here)."""
+        self.request_begin[len(self.steps)] = int(request)
+
+    def add_stall(self, dur_ns: int, kind: str, phase: str, *, token_request: int = -1) -> None:
+        """A stall as the phone runs it (already scaled: ``SimProfile.scale_host_ns``);
+        ``token_request`` >= 0 marks a sample stall that ends with a token of it."""
+        self.steps.append(_Stall(int(dur_ns), kind, phase, int(token_request)))
+        if token_request >= 0:
+            self.tokens += 1
+
+    def add_graph(
+        self,
+        graph: int,
+        phase: str,
+        flops: np.ndarray,
+        bytes_: np.ndarray,
+        gaps_ns: np.ndarray,
+        node_ids: np.ndarray | None = None,
+    ) -> None:
+        """One graph's launched kernels (no-ops left out) with the host gap before each
+        (``SimProfile.host_gaps_ns(len(flops))`` on the phone)."""
+        f = np.asarray(flops, dtype=np.float64)
+        nodes = (
+            np.arange(len(f), dtype=np.int64)
+            if node_ids is None
+            else np.asarray(node_ids, dtype=np.int64)
+        )
+        if not (len(f) == len(bytes_) == len(gaps_ns) == len(nodes)):
+            raise ValueError("add_graph: flops, bytes_, gaps_ns and node_ids need one entry each")
+        for j, node in enumerate(nodes):
+            self._index[(int(graph), int(node))] = self.n_kernels + j
+        self.steps.append(
+            _Graph(
+                int(graph),
+                phase,
+                f,
+                np.asarray(bytes_, dtype=np.float64),
+                np.asarray(gaps_ns, dtype=np.int64),
+                self.n_kernels,
+                nodes,
+            )
+        )
+        self.n_kernels += len(f)
+
+    def kernel_index(self, graph: int, node: int) -> int:
+        """Global index of a graph's node among the trace's kernels (for switches
+        anchored to nodes, as a per-graph plan is)."""
+        try:
+            return self._index[(graph, node)]
+        except KeyError:
+            raise KeyError(f"graph {graph} node {node} is not a kernel of this trace") from None
+
+
+@dataclass(frozen=True)
+class Switches:
+    """Frequency switches a controller issued, in issue order. Each is anchored either
+    at a virtual time (``at_ns``, on the simulated run's clock, 0 = its start) or at a
+    kernel (``at_kernel``: issued as the host reaches that kernel, before its gap;
+    ``-1`` = use ``at_ns``). The device applies them after its switch latency and
+    minimum dwell, as ``set_hz`` does."""
+
+    freq_hz: np.ndarray
+    at_ns: np.ndarray
+    at_kernel: np.ndarray
+
+    @classmethod
+    def at_times(cls, t_ns: Sequence[int], freq_hz: Sequence[int]) -> Switches:
+        t = np.asarray(t_ns, dtype=np.int64)
+        return cls(np.asarray(freq_hz, dtype=np.int64), t, np.full(len(t), -1, np.int64))
+
+    @classmethod
+    def at_kernels(cls, kernel: Sequence[int], freq_hz: Sequence[int]) -> Switches:
+        k = np.asarray(kernel, dtype=np.int64)
+        return cls(np.asarray(freq_hz, dtype=np.int64), np.zeros(len(k), np.int64), k)
+
+
+@dataclass
+class Account:
+    """Figures of one accounting pass (all simulated)."""
+
+    energy_j: float
+    energy_by_phase_j: dict[str, float]
+    time_by_phase_ns: dict[str, int]
+    duration_ns: int
+    tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    switches: int
+    cpu_ms: float
+    simulated: bool = True
+
+    @property
+    def energy_per_token_j(self) -> float:
+        return self.energy_j / self.tokens if self.tokens else float("nan")
+
+
+def _device(
+    profile: SimProfile | SimGpu,
+    governor: str | None,
+    share: float,
+    background: Sequence[tuple[int, float]],
+) -> SimGpu:
+    """A fresh device for a profile; a given ``SimGpu`` as is, in userspace mode when
+    ``governor`` is None (as replay runs every controller but ``default``)."""
+    if isinstance(profile, SimGpu):
+        if governor is None:
+            profile.governor = None
+        return profile
+    return SimGpu(
+        profile,
+        governor=governor,
+        background_share=share,
+        background_schedule=list(background),
+    )
+
+
+def _run(
+    trace: PhoneTrace,
+    dev: SimGpu,
+    switches: Switches | None,
+    phase_hz: tuple[int, int] | None = None,
+) -> Account:
+    """Run ``trace`` on ``dev`` applying ``switches``. ``phase_hz`` = (prefill, decode)
+    issues the prefill level as each prefill graph's submit begins and the decode
+    level as it ends, as the ``phase`` baseline does."""
+    cpu0 = time.process_time()
+    t_start = dev.now_ns()
+    e0 = dev.energy_j
+    ph_e0 = dict(dev.energy_by_phase_j)
+    ph_t0 = dict(dev.time_by_phase_ns)
+    sw0 = dev.switches
+    # switch instants: (t_ns, order, Hz); kernel-anchored ones are handled where their
+    # kernel starts
+    timed: list[tuple[int, int, int]] = []
+    by_kernel: dict[int, list[int]] = {}
+    if switches is not None:
+        for j in range(len(switches.freq_hz)):
+            k = int(switches.at_kernel[j])
+            if k >= 0:
+                by_kernel.setdefault(k, []).append(int(switches.freq_hz[j]))
+            else:
+                timed.append((t_start + int(switches.at_ns[j]), j, int(switches.freq_hz[j])))
+    timed.sort()
+    q = 0  # next timed instant
+
+    def fire_due() -> None:
+        nonlocal q
+        now = dev.now_ns()
+        while q < len(timed) and timed[q][0] <= now:
+            dev.set_hz(timed[q][2])
+            q += 1
+
+    def next_stop() -> int | None:
+        return timed[q][0] if q < len(timed) else None
+
+    begin_ns: dict[int, int] = {}
+    token_ns: dict[int, list[int]] = {}
+    anchors = np.asarray(sorted(by_kernel), dtype=np.int64)
+    for si, step in enumerate(trace.steps):
+        req = trace.request_begin.get(si)
+        if req is not None:
+            begin_ns[req] = dev.now_ns()
+            token_ns.setdefault(req, [])
+        fire_due()
+        if isinstance(step, _Stall):
+            if phase_hz is not None and step.kind == "submit" and step.phase == "prefill":
+                dev.set_hz(phase_hz[0])
+            end = dev.now_ns() + step.dur_ns
+            first = True
+            while True:
+                stop = next_stop()
+                upto = end if stop is None or stop >= end else stop
+                if first:
+                    dev.run_gap(upto - dev.now_ns(), kind=step.kind, phase=step.phase)
+                    first = False
+                else:
+                    dev.advance_to(upto, phase=step.phase)
+                fire_due()
+                if upto >= end:
+                    break
+            if step.token_request >= 0:
+                token_ns.setdefault(step.token_request, []).append(dev.now_ns())
+            continue
+        f, b, g = step.flops, step.bytes_, step.gaps_ns
+        n = len(f)
+        lo = step.first_kernel
+        a0 = int(np.searchsorted(anchors, lo))
+        a1 = int(np.searchsorted(anchors, lo + n))
+        i = 0
+        for cut in [*(int(k) - lo for k in anchors[a0:a1]), n]:
+            while i < cut:
+                res = dev.run_batch(
+                    f[i:cut], b[i:cut], g[i:cut], phase=step.phase, stop_at_ns=next_stop()
+                )
+                i += res.n_done
+                if i < cut and (res.gap_left_ns != g[i] or res.work_left != 1.0):
+                    f, b, g = f.copy(), b.copy(), g.copy()
+                    g[i] = res.gap_left_ns
+                    f[i] *= res.work_left
+                    b[i] *= res.work_left
+                fire_due()
+            if cut < n:
+                for hz in by_kernel[lo + cut]:
+                    dev.set_hz(hz)
+        if phase_hz is not None and step.phase == "prefill":
+            dev.set_hz(phase_hz[1])
+    ttft: list[int] = []
+    gaps: list[int] = []
+    for req, times in token_ns.items():
+        if times and req in begin_ns:
+            ttft.append(times[0] - begin_ns[req])
+            gaps += [y - x for x, y in itertools.pairwise(times)]
+    by_phase = {ph: e - ph_e0.get(ph, 0.0) for ph, e in dev.energy_by_phase_j.items()}
+    t_phase = {ph: ns - ph_t0.get(ph, 0) for ph, ns in dev.time_by_phase_ns.items()}
+    tokens = sum(len(t) for t in token_ns.values())
+    return Account(
+        energy_j=dev.energy_j - e0,
+        energy_by_phase_j=by_phase,
+        time_by_phase_ns=t_phase,
+        duration_ns=dev.now_ns() - t_start,
+        tokens=tokens,
+        ttft_ms=statistics.fmean(ttft) / 1e6 if ttft else float("nan"),
+        tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else float("nan"),
+        switches=dev.switches - sw0,
+        cpu_ms=(time.process_time() - cpu0) * 1e3,
+    )
+
+
+def applied_energy(
+    trace: PhoneTrace,
+    profile: SimProfile | SimGpu,
+    switches: Switches,
+    *,
+    background_share: float = 0.0,
+    background: Sequence[tuple[int, float]] = (),
+) -> Account:
+    """Energy and latency of the recorded timeline on the simulated device, given the
+    switches a live loop actually issued (the controller is not run again). A
+    ``SimGpu`` passed in is used as is (its clock and state carry over) in userspace
+    mode (its governor off); a profile gets a fresh device."""
+    dev = _device(profile, None, background_share, background)
+    return _run(trace, dev, switches)
+
+
+def default_shadow(
+    trace: PhoneTrace,
+    profile: SimProfile | SimGpu,
+    *,
+    background_share: float = 0.0,
+    background: Sequence[tuple[int, float]] = (),
+) -> Account:
+    """The same timeline under the device's default governor (the reference every
+    saving and latency change is measured against)."""
+    dev = _device(profile, "default", background_share, background)
+    return _run(trace, dev, None)
+
+
+def static_levels(
+    trace: PhoneTrace,
+    profile: SimProfile,
+    *,
+    background_share: float = 0.0,
+    background: Sequence[tuple[int, float]] = (),
+) -> dict[int, Account]:
+    """Every level pinned for the whole run (set at the start, as ``Static`` does):
+    what the hindsight baselines choose from."""
+    out: dict[int, Account] = {}
+    for hz in profile.levels_hz:
+        sw = Switches.at_times([0], [hz])
+        out[int(hz)] = applied_energy(
+            trace, profile, sw, background_share=background_share, background=background
+        )
+    return out
+
+
+def phase_split(
+    trace: PhoneTrace,
+    profile: SimProfile,
+    prefill_hz: int,
+    decode_hz: int,
+    *,
+    background_share: float = 0.0,
+    background: Sequence[tuple[int, float]] = (),
+) -> Account:
+    """Prefill at one level, decode at another (the ``phase`` baseline's schedule)."""
+    dev = _device(profile, None, background_share, background)
+    return _run(trace, dev, None, (int(prefill_hz), int(decode_hz)))
+
+
+def summary(acc: Account, ref: Account) -> dict[str, Any]:
+    """Saving and latency changes of ``acc`` against ``ref`` (fractions)."""
+    return {
+        "energy_saving_vs_default": 1.0 - acc.energy_j / ref.energy_j if ref.energy_j else None,
+        "latency_change_vs_default": acc.tpot_ms / ref.tpot_ms - 1.0 if ref.tpot_ms else None,
+        "ttft_change_vs_default": acc.ttft_ms / ref.ttft_ms - 1.0 if ref.ttft_ms else None,
+    }

@@ -1,0 +1,125 @@
+"""The baselines a skeptic would pick: the best fixed clock, and a prefill/decode split.
+
+Both are offline: they see the whole recorded run and try every level on it (with
+``accounting``, the simulator's vectorised pass, which gives the same figures as a
+replay of a pinned clock), then play back the choice like any controller.
+
+* ``static-best``: the one level with the least energy whose TTFT and TPOT both stay
+  within ``(1 + latency_slack)`` of the default governor's.
+* ``phase``: prefill at the lowest level whose TTFT stays in budget, decode at the
+  lowest level whose TPOT does; the pair is checked as a whole and a level raised
+  while its budget is missed.
+
+If no level keeps the budget, both fall back to the top level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...accounting import Account, PhoneTrace, Switches, applied_energy, default_shadow, phase_split
+from ...engine.events import Event, EventKind
+from ...engine.segments import Segment
+from ..base import Decision
+
+
+def _within(acc: Account, ref: Account, slack: float) -> tuple[bool, bool]:
+    """(TTFT in budget, TPOT in budget); a figure the run does not have is in budget."""
+    ttft_ok = math.isnan(ref.ttft_ms) or acc.ttft_ms <= (1 + slack) * ref.ttft_ms
+    tpot_ok = math.isnan(ref.tpot_ms) or acc.tpot_ms <= (1 + slack) * ref.tpot_ms
+    return ttft_ok, tpot_ok
+
+
+class _Hindsight:
+    uses_device_governor = False
+
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        device_factory: Callable[[], Any],
+        *,
+        latency_slack: float = 0.02,
+    ) -> None:
+        dev = device_factory()
+        self.profile = dev.profile
+        self.levels = [int(h) for h in dev.frequencies_hz()]
+        self.slack = latency_slack
+        self._factory = device_factory
+        # the segments are the ones replay runs (host model already applied); every
+        # figure on a fresh device from the factory (its background load included)
+        self.trace = PhoneTrace.build(segments, self.profile, host_model=False)
+        self.reference = default_shadow(self.trace, dev)
+        self.by_level = {
+            hz: applied_energy(self.trace, device_factory(), Switches.at_times([0], [hz]))
+            for hz in self.levels
+        }
+
+
+class StaticBest(_Hindsight):
+    """The least-energy single level within the TTFT and TPOT budget."""
+
+    name = "static-best"
+
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        device_factory: Callable[[], Any],
+        *,
+        latency_slack: float = 0.02,
+    ) -> None:
+        super().__init__(segments, device_factory, latency_slack=latency_slack)
+        ok = [hz for hz, a in self.by_level.items() if all(_within(a, self.reference, self.slack))]
+        self.freq_hz = min(ok, key=lambda hz: self.by_level[hz].energy_j) if ok else self.levels[-1]
+        self._set = False
+
+    def on_event(self, event: Event) -> Decision | None:
+        if self._set:
+            return None
+        self._set = True
+        return Decision(self.freq_hz, event.t_ns, "static-best")
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        return []
+
+
+class PhaseSplit(_Hindsight):
+    """Prefill at one level, decode at another, each the lowest within its budget."""
+
+    name = "phase"
+
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        device_factory: Callable[[], Any],
+        *,
+        latency_slack: float = 0.02,
+    ) -> None:
+        super().__init__(segments, device_factory, latency_slack=latency_slack)
+        ref, top = self.reference, len(self.levels) - 1
+        checks = {hz: _within(a, ref, self.slack) for hz, a in self.by_level.items()}
+        p = next((i for i, hz in enumerate(self.levels) if checks[hz][0]), top)
+        d = next((i for i, hz in enumerate(self.levels) if checks[hz][1]), top)
+        # the pair as a whole: a switch lands one latency late, so check and raise
+        while True:
+            acc = phase_split(self.trace, self._factory(), self.levels[p], self.levels[d])
+            ttft_ok, tpot_ok = _within(acc, ref, self.slack)
+            if (ttft_ok or p == top) and (tpot_ok or d == top):
+                break
+            if not ttft_ok and p < top:
+                p += 1
+            if not tpot_ok and d < top:
+                d += 1
+        self.prefill_hz, self.decode_hz = self.levels[p], self.levels[d]
+        self.account = acc
+
+    def on_event(self, event: Event) -> Decision | None:
+        if event.kind is EventKind.PREFILL_BEGIN:
+            return Decision(self.prefill_hz, event.t_ns, "phase: prefill")
+        if event.kind is EventKind.PREFILL_END:
+            return Decision(self.decode_hz, event.t_ns, "phase: decode")
+        return None
+
+    def plan(self, now_ns: int) -> list[Decision]:
+        return []
