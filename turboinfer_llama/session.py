@@ -58,12 +58,28 @@ class PowerSession:
 
     SLICE_RECORDS = 128  # decoded between GIL hand-offs: about 0.5 ms of work
     WAKE_RECORDS = 262_144  # about 60 MB of raw records, ~320 gemma-3-270m decode steps
+    # Simulated accounting (settling) starts once no request has run for this long: a
+    # client's next request usually follows within a few ms, and settling must not
+    # sit between it and its first token.
+    SETTLE_QUIET_NS = 50_000_000
 
     def __init__(self, settings: PowerSettings, hook: EvalHook, live: Live | None = None) -> None:
         self.settings = settings
         self.live = live
         self._real = live if isinstance(live, RealDeviceControl) else None
-        self._timeline = Timeline()
+        account = live if isinstance(live, SimulatedAccount) else None
+        self._account = account
+        window_s = settings.timeline_window_s
+        self._timeline = Timeline(
+            settings.timeline_max_events,
+            window_ns=int(window_s * 1e9) if window_s > 0 else None,
+            hold_unsettled=account is not None,
+        )
+        # Memory bound: past these backlogs the worker decodes and settles even while
+        # requests run (unsettled segments stay in the timeline until settled).
+        self._wake_records = self.WAKE_RECORDS
+        self._settle_backlog = max(self.WAKE_RECORDS, settings.timeline_max_events)
+        self._last_end_ns = now_ns()
         self._hook: EvalHook | None = hook
         self._decode_raw = hook.decode_raw
         self._pending: list[Any] = []
@@ -94,6 +110,8 @@ class PowerSession:
         hardware, where one device serves several controllers in turn."""
         self.materialize()
         old, self.live, self._real = self.live, None, None
+        self._account = None
+        self._timeline.hold_unsettled = False  # nothing will settle the held segments
         if old is not None:
             old.close()
         live = RealDeviceControl(self.settings, device, controller, owns_device=False)
@@ -115,7 +133,7 @@ class PowerSession:
         with self._swap_lock:
             self._pending.append(item)
             self._pending_records += n_records
-            full = self._pending_records > self.WAKE_RECORDS
+            full = self._pending_records > self._wake_records
         if full:
             self._wake.set()
 
@@ -159,6 +177,7 @@ class PowerSession:
 
     def on_request_end(self, n_generated: int) -> None:
         self._in_flight -= 1
+        self._last_end_ns = now_ns()
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
         self._wake.set()
@@ -170,14 +189,44 @@ class PowerSession:
             self._wake.clear()
             if self._closed:
                 return
-            if self._in_flight > 0 and self._pending_records <= self.WAKE_RECORDS:
+            if self._in_flight > 0 and not self._pressed():
                 continue  # a request is decoding; the end of the last one wakes us
             try:
-                # Only the timeline: the simulated accounting replays per kernel (tens
-                # of ms of CPU per token) and runs when figures are asked for.
                 self.materialize(yield_to_requests=True)
+                self._settle_when_quiet()
             except Exception:  # the worker must survive; the error is logged
                 log.exception("turboinfer timeline worker failed on a batch")
+
+    def _pressed(self) -> bool:
+        """More decode or accounting backlog than the memory bound allows."""
+        if self._pending_records > self._wake_records:
+            return True
+        account = self._account
+        return account is not None and account.unsettled_segments > self._settle_backlog
+
+    def _yield_settling(self) -> bool:
+        return self._closed or (self._in_flight > 0 and not self._pressed())
+
+    def _settle_when_quiet(self) -> None:
+        """Settle the simulated accounting off the request path: once the server has
+        been quiet for ``SETTLE_QUIET_NS`` (or the backlog is over the bound), one
+        request at a time, stopping as soon as a request starts."""
+        account = self._account
+        if account is None or account.unsettled_segments == 0:
+            return
+        while not self._closed and not self._pressed():
+            if self._in_flight > 0:
+                return  # the end of that request wakes the worker again
+            quiet_ns = now_ns() - self._last_end_ns
+            if quiet_ns >= self.SETTLE_QUIET_NS:
+                break
+            time.sleep((self.SETTLE_QUIET_NS - quiet_ns) / 1e9)
+        if self._closed:
+            return
+        if self._pending_records and not self._yield_settling():
+            self.materialize(yield_to_requests=True)
+        account.flush(stop=self._yield_settling)
+        self._timeline.mark_settled(account.settled_upto)
 
     # -- deferred derivation -----------------------------------------------------
     def materialize(self, *, yield_to_requests: bool = False) -> None:
@@ -192,7 +241,7 @@ class PowerSession:
             tl = self._timeline
             account = self.live if isinstance(self.live, SimulatedAccount) else None
             for n, item in enumerate(items):
-                if yield_to_requests and self._in_flight > 0 and backlog <= self.WAKE_RECORDS:
+                if yield_to_requests and self._in_flight > 0 and backlog <= self._wake_records:
                     self._requeue(items[n:])
                     return
                 if isinstance(item, Event):
@@ -218,18 +267,41 @@ class PowerSession:
                 sink(segments)
 
     # -- reporting -------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Counts, stall totals by kind, and hook health for this model so far."""
-        tl = self.timeline
+    @property
+    def request_count(self) -> int:
+        """Requests (``generate`` calls) begun so far; the next one gets this index in
+        the timeline's segments (``Segment.request``) and in settled records."""
+        return self._requests
+
+    def add_settled_sink(self, sink: Callable[[dict[str, Any]], None]) -> bool:
+        """Call ``sink(record)`` with each request's simulated figures once settled
+        (``record["request"]`` is its index). False when nothing is settled later
+        (real device or observing only)."""
+        if self._account is None:
+            return False
+        self._account.add_settled_sink(sink)
+        return True
+
+    def stats(self, settle: bool = True) -> dict[str, Any]:
+        """Counts, stall totals by kind, and hook health for this model so far.
+
+        ``settle=False`` reads only what the worker has already derived and settled:
+        it never decodes, replays or waits for either (the server's ``/v1/power``)."""
+        if settle:
+            self.materialize()
+        tl = self._timeline
+        totals = tl.totals()
         hook = self._hook
-        energy = self.energy()
+        energy = self.energy() if settle else self.settled_energy()
         return {
             "requests": self._requests,
+            "in_flight": self._in_flight,
             "tokens": self._tokens,
-            "events": dict(tl.counts),
+            "events": totals["events"],
             "events_dropped": tl.dropped,
-            "kernels": {"count": tl.kernel_count, "total_ms": tl.kernel_ns / 1e6},
-            "stalls": tl.stall_totals(),
+            "timeline": tl.window(),
+            "kernels": totals["kernels"],
+            "stalls": totals["stalls"],
             "hook": {
                 "granularity": self.settings.granularity,
                 "native": bool(hook and hook.native),
@@ -249,14 +321,25 @@ class PowerSession:
         self.materialize()
         return self.live.summary()
 
+    def settled_energy(self) -> dict[str, Any] | None:
+        """``energy()`` as last settled by the worker, at once (no replay, no wait)."""
+        if self.live is None:
+            return None
+        return self.live.summary(settle=False)
+
     def export_trace(self, path: str | os.PathLike[str]) -> str:
-        """Write a Chrome/Perfetto JSON trace (open it in ui.perfetto.dev)."""
-        events = chrome_trace(self.timeline.segments())
-        return str(write_chrome_trace(path, events, {"source": "turboinfer-llama live run"}))
+        """Write a Chrome/Perfetto JSON trace (open it in ui.perfetto.dev) of the
+        retained window (``settings.timeline_max_events``/``timeline_window_s``)."""
+        tl = self.timeline
+        meta = {"source": "turboinfer-llama live run", "window": tl.window()}
+        return str(write_chrome_trace(path, chrome_trace(tl.segments()), meta))
 
     def record(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> str:
-        """Save the raw events for deterministic replay (``turboinfer bench --replay``)."""
-        return str(save_trace(path, self.timeline.events(), meta))
+        """Save the raw events of the retained window for deterministic replay
+        (``turboinfer bench --replay``); ``meta["window"]`` says whether older events
+        were dropped (``"complete": false``)."""
+        tl = self.timeline
+        return str(save_trace(path, tl.events(), {**(meta or {}), "window": tl.window()}))
 
     # -- teardown --------------------------------------------------------------
     def _release_now(self) -> None:
