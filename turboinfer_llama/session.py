@@ -220,7 +220,7 @@ class PowerSession:
             quiet_ns = now_ns() - self._last_end_ns
             if quiet_ns >= self.SETTLE_QUIET_NS:
                 break
-            time.sleep((self.SETTLE_QUIET_NS - quiet_ns) / 1e9)
+            time.sleep(min(self.SETTLE_QUIET_NS - quiet_ns, 10_000_000) / 1e9)
         if self._closed:
             return
         if self._pending_records and not self._yield_settling():
