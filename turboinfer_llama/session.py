@@ -319,7 +319,10 @@ class PowerSession:
         if self.live is None:
             return None
         self.materialize()
-        return self.live.summary()
+        out = self.live.summary()
+        if self._account is not None:
+            self._timeline.mark_settled(self._account.settled_upto)
+        return out
 
     def settled_energy(self) -> dict[str, Any] | None:
         """``energy()`` as last settled by the worker, at once (no replay, no wait)."""
