@@ -191,9 +191,11 @@ class PowerSession:
                 return
             if self._in_flight > 0 and not self._pressed():
                 continue  # a request is decoding; the end of the last one wakes us
+            if not self._pressed() and not self._quiet():
+                continue  # a request started meanwhile; its end wakes us
             try:
                 self.materialize(yield_to_requests=True)
-                self._settle_when_quiet()
+                self._settle()
             except Exception:  # the worker must survive; the error is logged
                 log.exception("turboinfer timeline worker failed on a batch")
 
@@ -207,24 +209,26 @@ class PowerSession:
     def _yield_settling(self) -> bool:
         return self._closed or (self._in_flight > 0 and not self._pressed())
 
-    def _settle_when_quiet(self) -> None:
-        """Settle the simulated accounting off the request path: once the server has
-        been quiet for ``SETTLE_QUIET_NS`` (or the backlog is over the bound), one
-        request at a time, stopping as soon as a request starts."""
-        account = self._account
-        if account is None or account.unsettled_segments == 0:
-            return
+    def _quiet(self) -> bool:
+        """Wait until no request has run for ``SETTLE_QUIET_NS`` (a client's next
+        request usually follows within a few ms, and deferred work must not sit
+        between it and its first token). False if a request started meanwhile or the
+        session closed; True at once when the backlog is over the bound."""
         while not self._closed and not self._pressed():
             if self._in_flight > 0:
-                return  # the end of that request wakes the worker again
+                return False
             quiet_ns = now_ns() - self._last_end_ns
             if quiet_ns >= self.SETTLE_QUIET_NS:
-                break
+                return True
             time.sleep(min(self.SETTLE_QUIET_NS - quiet_ns, 10_000_000) / 1e9)
-        if self._closed:
+        return not self._closed
+
+    def _settle(self) -> None:
+        """Settle the simulated accounting off the request path, one request at a
+        time, stopping as soon as a request starts (unless over the bound)."""
+        account = self._account
+        if account is None or account.unsettled_segments == 0 or self._yield_settling():
             return
-        if self._pending_records and not self._yield_settling():
-            self.materialize(yield_to_requests=True)
         account.flush(stop=self._yield_settling)
         self._timeline.mark_settled(account.settled_upto)
 
@@ -293,6 +297,18 @@ class PowerSession:
         totals = tl.totals()
         hook = self._hook
         energy = self.energy() if settle else self.settled_energy()
+        accounting = energy.get("accounting") if energy else None
+        if isinstance(accounting, dict):
+            with self._swap_lock:
+                pending = len(self._pending)
+            energy = {
+                **energy,  # type: ignore[dict-item]
+                "accounting": {
+                    **accounting,
+                    "pending_items": pending,
+                    "settled": bool(accounting.get("settled")) and pending == 0,
+                },
+            }
         return {
             "requests": self._requests,
             "in_flight": self._in_flight,

@@ -12,7 +12,10 @@ What it relies on:
   ``app._llama_proxy`` (the proxy class is looked up by name in ``app`` at that moment);
 * ``LlamaProxy.load_llama_from_model_settings(settings)`` constructs the model as
   ``llama_cpp.Llama(...)``, looking ``llama_cpp`` up in ``model``'s globals at call time;
-* ``LlamaProxy._current_model`` / ``_current_model_alias`` name the loaded model;
+* ``LlamaProxy._current_model`` / ``_current_model_alias`` name the loaded model, and
+  ``__call__(name)`` serves ``_default_model_alias`` for a name not in
+  ``_model_settings_dict``;
+* ``Llama._model.vocab`` is the model's ``llama_vocab`` pointer (grammar check);
 * ``app.authenticate`` is the API-key dependency of every route;
 * ``errors.RouteErrorHandler.error_message_wrapper`` formats OpenAI-style errors from
   its class attribute ``pattern_and_formatters``;
@@ -89,6 +92,9 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
 }
 # Routes that take a model name and fall back to the default model for unknown ones.
 ROUTES_WITH_MODEL = frozenset(REQUEST_MODELS) - {"/v1/engines/copilot-codex/completions"}
+GENERATION_ROUTES = frozenset(
+    {"/v1/completions", "/v1/engines/copilot-codex/completions", "/v1/chat/completions"}
+)
 
 LlamaClassFor = Callable[[ModelSettings], type[llama_cpp.Llama]]
 
@@ -220,6 +226,32 @@ def loaded_model() -> tuple[str | None, llama_cpp.Llama | None]:
     return getattr(p, "_current_model_alias", None), getattr(p, "_current_model", None)
 
 
+def model_for(name: Any, path: str) -> llama_cpp.Llama | None:
+    """The loaded model if a request for ``name`` on ``path`` is served by it (as the
+    proxy resolves names: unknown ones get the default model), else None."""
+    p = proxy()
+    if p is None:
+        return None
+    if path == "/v1/engines/copilot-codex/completions":
+        name = "copilot-codex"
+    known = getattr(p, "_model_settings_dict", {})
+    alias = name if isinstance(name, str) and name in known else p._default_model_alias
+    current = getattr(p, "_current_model", None)
+    return current if alias == getattr(p, "_current_model_alias", None) else None
+
+
+def grammar_compiles(llm: llama_cpp.Llama, grammar: str) -> bool:
+    """Whether llama.cpp parses this GBNF grammar (llama-cpp-python would otherwise put
+    a NULL sampler in its chain and crash)."""
+    sampler = llama_cpp.llama_sampler_init_grammar(
+        llm._model.vocab, grammar.encode("utf-8"), b"root"
+    )
+    if not sampler:
+        return False
+    llama_cpp.llama_sampler_free(sampler)
+    return True
+
+
 def free_models() -> None:
     """Close the loaded model (restores the GPU through its power session). Idempotent."""
     p = proxy()
@@ -239,6 +271,7 @@ def format_route_error(error: Exception, body: BaseModel | None) -> tuple[int, d
 
 
 __all__ = [
+    "GENERATION_ROUTES",
     "REQUEST_MODELS",
     "ROUTES_WITH_MODEL",
     "SUPPORTED_TEXT",
@@ -249,8 +282,10 @@ __all__ = [
     "build_llama_app",
     "format_route_error",
     "free_models",
+    "grammar_compiles",
     "loaded_model",
     "model_aliases",
+    "model_for",
     "parse_model_from_args",
     "proxy",
     "stream_publisher",

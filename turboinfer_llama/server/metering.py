@@ -19,6 +19,7 @@ the model's session sees one request at a time.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -29,6 +30,8 @@ from typing import Any
 from .._clock import now_ns
 from ..llama import Llama
 from ..settings import PowerSettings
+
+log = logging.getLogger(__name__)
 
 EnergyStatus = str  # "pending" | "settled" | "unavailable"
 
@@ -158,9 +161,16 @@ class RequestLedger:
             return sum(1 for r in self._recent if r.energy_status == "pending")
 
 
+KV_FULL = "llama_decode returned 1"  # llama.cpp: no KV-cache slot for the batch
+
+
 class MeteredLlama(Llama):
     """Our ``Llama`` noting, per HTTP request, its tokens, its engine request index
     and its generation window. No energy is read here (nothing waits for accounting).
+
+    A generation that runs into a full context (llama-cpp-python lets ``max_tokens``
+    unset or over-long reach ``llama_decode``, which then has no KV slot) ends there,
+    as a ``length`` finish, instead of failing the request with a 500.
     """
 
     ledger: RequestLedger | None = None
@@ -186,6 +196,10 @@ class MeteredLlama(Llama):
                 token = inner.send(sent)
         except StopIteration:
             pass
+        except RuntimeError as e:
+            if KV_FULL not in str(e) or rec.tokens_generated == 0:
+                raise
+            log.info("request %s: context full after %d tokens", rec.id, rec.tokens_generated)
         finally:
             inner.close()
             ledger.end_generation(rec)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._clock import now_ns
-from . import adapter
+from . import adapter, validation
 from .metering import CURRENT_REQUEST, RequestLedger, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,10 @@ class RequestGuard:
         except ValidationError as e:
             message, param = _validation_message(e)
             return 400, _error(message, "invalid_value", param)
+        found = validation.problem(path, data)
+        if found is not None:
+            param, message = found
+            return 400, _error(f"invalid request: {param}: {message}", "invalid_value", param)
         model = data.get("model")
         if self.strict_model and path in adapter.ROUTES_WITH_MODEL and model is not None:
             names = self.model_names()

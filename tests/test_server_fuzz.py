@@ -1,0 +1,192 @@
+"""HTTP fuzz: over 2,000 hypothesis-built requests to every POST route (well-formed,
+wrongly typed, out of range, junk bodies) get no 5xx, every stream ends with ``[DONE]``
+or an error event, and afterwards the server is alive and answers as before.
+
+Bodies are built from the routes' request fields with a mix of valid values and junk,
+so most reach the model (tiny GGUF, few tokens) and the rest exercise validation.
+``derandomize`` keeps the run reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_server_support import MODEL, ServerProcess
+
+N_CTX = 256
+COUNT = {"requests": 0}
+STATUSES: dict[int, int] = {}
+
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+    st.lists(st.integers(-5, 300), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=2),
+)
+TEXT = st.text(max_size=40)
+TOKEN_IDS = st.lists(st.integers(-(2**33), 2**33) | st.integers(-2, 300), max_size=8)
+SMALL_FLOAT = st.floats(-3, 3, allow_nan=False)
+
+
+def maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly valid, sometimes junk."""
+    return st.one_of(valid, valid, valid, JUNK)
+
+
+SAMPLING = {
+    "max_tokens": maybe(st.integers(-2, 12) | st.none()),
+    "min_tokens": maybe(st.integers(-1, 6)),
+    "temperature": maybe(SMALL_FLOAT),
+    "top_p": maybe(SMALL_FLOAT),
+    "min_p": maybe(SMALL_FLOAT),
+    "top_k": maybe(st.integers(-3, 100)),
+    "stop": maybe(st.none() | TEXT | st.lists(TEXT, max_size=3)),
+    "stream": maybe(st.booleans()),
+    "presence_penalty": maybe(SMALL_FLOAT),
+    "frequency_penalty": maybe(SMALL_FLOAT),
+    "repeat_penalty": maybe(SMALL_FLOAT),
+    "seed": maybe(st.integers(-(2**40), 2**40)),
+    "logit_bias": maybe(
+        st.dictionaries(st.integers(-(2**33), 2**33).map(str) | TEXT, SMALL_FLOAT, max_size=3)
+    ),
+    "logit_bias_type": maybe(st.sampled_from(["input_ids", "tokens"]) | st.none()),
+    "mirostat_mode": maybe(st.integers(-1, 3)),
+    "mirostat_tau": maybe(SMALL_FLOAT),
+    "mirostat_eta": maybe(SMALL_FLOAT),
+    "grammar": maybe(st.none() | st.sampled_from(['root ::= "yes" | "no"', "root ::= ", "{{"])),
+    "n": maybe(st.integers(-1, 3)),
+    "model": maybe(st.sampled_from([MODEL, "gpt-3.5-turbo"]) | TEXT),
+    "user": maybe(TEXT),
+}
+COMPLETION = {
+    **SAMPLING,
+    "prompt": maybe(TEXT | st.lists(TEXT, max_size=2)),
+    "suffix": maybe(st.none() | TEXT),
+    "echo": maybe(st.booleans()),
+    "logprobs": maybe(st.none() | st.integers(-2, 5)),
+    "best_of": maybe(st.integers(-1, 3)),
+}
+MESSAGE = st.fixed_dictionaries(
+    {
+        "role": maybe(st.sampled_from(["system", "user", "assistant", "function", "tool"])),
+        "content": maybe(TEXT | st.none()),
+    },
+    optional={"name": TEXT},
+)
+CHAT = {
+    **SAMPLING,
+    "messages": maybe(st.lists(MESSAGE, max_size=3)),
+    "logprobs": maybe(st.booleans()),
+    "top_logprobs": maybe(st.none() | st.integers(-1, 5)),
+    "response_format": maybe(st.sampled_from([{"type": "json_object"}, {"type": "text"}])),
+}
+
+
+def body(fields: dict[str, st.SearchStrategy[Any]], required: tuple[str, ...]):
+    req = {k: fields[k] for k in required}
+    opt = {k: v for k, v in fields.items() if k not in required}
+    return st.fixed_dictionaries(req, optional=opt)
+
+
+ROUTES = {
+    "/v1/completions": body(COMPLETION, ("prompt",)),
+    "/v1/chat/completions": body(CHAT, ("messages",)),
+    "/v1/embeddings": body({"input": maybe(TEXT | st.lists(TEXT, max_size=3)), "model": TEXT}, ()),
+    "/extras/tokenize": body({"input": maybe(TEXT), "model": TEXT}, ()),
+    "/extras/tokenize/count": body({"input": maybe(TEXT), "model": TEXT}, ()),
+    "/extras/detokenize": body({"tokens": maybe(TOKEN_IDS), "model": TEXT}, ()),
+}
+RAW = st.one_of(
+    st.binary(max_size=64),
+    JUNK.map(lambda v: json.dumps(v).encode()),
+    st.text(max_size=64).map(str.encode),
+)
+
+FUZZ = settings(
+    max_examples=400,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gguf):
+    srv = ServerProcess(tiny_gguf, "--n-ctx", str(N_CTX), "--embedding")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as h:
+        yield h
+
+
+def _reference(http: httpx.Client) -> str:
+    r = http.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "the world", "max_tokens": 8, "temperature": 0.0},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def _send(http: httpx.Client, path: str, content: bytes) -> None:
+    with http.stream(
+        "POST", path, content=content, headers={"content-type": "application/json"}
+    ) as r:
+        text = r.read().decode("utf-8", "replace")
+    COUNT["requests"] += 1
+    STATUSES[r.status_code] = STATUSES.get(r.status_code, 0) + 1
+    assert r.status_code < 500, (path, content[:300], r.status_code, text[:500])
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
+        assert data, (path, content[:300])
+        assert data[-1] == "[DONE]" or "error" in json.loads(data[-1]), (path, data[-3:])
+
+
+@pytest.fixture(scope="module")
+def reference(http):
+    return _reference(http)
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_fuzz_route(path, http, reference):
+    examples = 500 if path in ("/v1/completions", "/v1/chat/completions") else 200
+
+    @settings(FUZZ, max_examples=examples)
+    @given(ROUTES[path])
+    def run(b: dict[str, Any]) -> None:
+        _send(http, path, json.dumps(b).encode())
+
+    run()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_fuzz_raw_bodies(path, http):
+    @settings(FUZZ, max_examples=100)
+    @given(RAW)
+    def run(raw: bytes) -> None:
+        _send(http, path, raw)
+
+    run()
+
+
+def test_still_alive_and_answering_the_same(server, http, reference):
+    assert COUNT["requests"] >= 2000, COUNT
+    print(f"\nfuzz: {COUNT['requests']} requests, statuses {dict(sorted(STATUSES.items()))}")
+    assert server.proc.poll() is None
+    assert _reference(http) == reference
+    doc = server.power()
+    assert doc["requests"]["engine_open"] == 0
+    assert "Traceback" not in server.output
