@@ -199,11 +199,13 @@ class SimulatedAccount:
         }
         return out
 
-    def close(self) -> None:
-        """Settle the figures (kept readable afterwards), then close both simulators."""
+    def close(self, settle: bool = True) -> None:
+        """Settle the figures (kept readable afterwards; ``settle=False``: keep those
+        settled so far), then close both simulators."""
         if self._final is None:
-            self.request_done()
-            self._final = self.summary()
+            if settle:
+                self.request_done()
+            self._final = self.summary(settle=settle)
         self.device.close()
         self.shadow.close()
 

@@ -62,6 +62,9 @@ class PowerSession:
     # client's next request usually follows within a few ms, and settling must not
     # sit between it and its first token.
     SETTLE_QUIET_NS = 50_000_000
+    # close() settles everything still owed, so figures read afterwards are complete. A
+    # server turns this off: replaying a backlog would hold up its shutdown.
+    SETTLE_ON_CLOSE = True
 
     def __init__(self, settings: PowerSettings, hook: EvalHook, live: Live | None = None) -> None:
         self.settings = settings
@@ -386,11 +389,15 @@ class PowerSession:
         if self._worker is not threading.current_thread():
             self._worker.join()
         try:
-            if self._hook is not None:
-                self._drain()
-            self.materialize()  # decode what is pending while the decoder exists
-            if self.live is not None:
-                self.live.close()  # final figures, then the device's governor, min, max
+            if self.SETTLE_ON_CLOSE:
+                if self._hook is not None:
+                    self._drain()
+                self.materialize()  # decode what is pending while the decoder exists
+            if self._account is not None:
+                # final figures (settled now, or as settled so far), then the simulators
+                self._account.close(settle=self.SETTLE_ON_CLOSE)
+            elif self.live is not None:
+                self.live.close()  # the device's governor, min, max
         finally:
             hook, self._hook = self._hook, None
             self._decode_raw = _no_decoder

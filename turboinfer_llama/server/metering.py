@@ -219,6 +219,7 @@ def served_llama_class(
             self._settles = False
             session = self.power
             if session is not None:
+                session.SETTLE_ON_CLOSE = False  # shutdown must not wait for a replay
                 key = id(session)
                 sink: Callable[[dict[str, Any]], None] = lambda r: ledger.settle(key, r)  # noqa: E731
                 self._settles = session.add_settled_sink(sink)

@@ -10,7 +10,8 @@ Found by the HTTP fuzz test (tests/test_server_fuzz.py) on llama-cpp-python 0.3.
 * a ``logit_bias`` key that is not a token id (``"abc"``) or is out of range is a 500,
   and a negative one silently biases another token (numpy indexing from the end);
 * a ``prompt`` list of more than one string trips an ``assert`` (500);
-* ``echo`` with ``logprobs`` on an empty prompt indexes past a list (500);
+* ``logprobs`` on an empty prompt index past the scores (a 500, or a failure in the
+  middle of a stream);
 * an empty ``input`` list to ``/v1/embeddings`` makes ``llama_decode`` fail (500).
 
 Each becomes a 400 with the parameter named. The checks use the model now loaded; a
@@ -68,8 +69,8 @@ def problem(path: str, data: dict[str, Any]) -> Problem | None:
         if isinstance(prompt, list) and len(prompt) > 1:
             return "prompt", "only one prompt per request is supported"
         text = prompt[0] if isinstance(prompt, list) and prompt else prompt
-        if data.get("echo") and data.get("logprobs") is not None and not text:
-            return "prompt", "echo with logprobs needs a non-empty prompt"
+        if data.get("logprobs") is not None and not text:
+            return "prompt", "logprobs need a non-empty prompt"
     llm = adapter.model_for(data.get("model"), path)
     if llm is None:
         return None
