@@ -8,6 +8,7 @@ they must stay cheap, they run on the decode path.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import sys
@@ -43,6 +44,16 @@ def _close_open_sessions() -> None:
     atexit, the interpreter freezes daemon threads, possibly holding our locks."""
     for session in list(_OPEN_SESSIONS):
         session.close()
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS after a backlog is settled (glibc keeps
+    them otherwise, and a long-running server's RSS would stay at its peak)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _no_decoder(raw: Any) -> list[Event]:
@@ -234,6 +245,8 @@ class PowerSession:
             return
         account.flush(stop=self._yield_settling)
         self._timeline.mark_settled(account.settled_upto)
+        if account.unsettled_segments == 0:
+            _trim_heap()
 
     # -- deferred derivation -----------------------------------------------------
     def materialize(self, *, yield_to_requests: bool = False) -> None:

@@ -18,8 +18,8 @@ from ..settings import PowerSettings
 from .adapter import ModelSettings, ServerSettings
 
 POWER_ENV_PREFIX = "TURBOINFER_"
-# About 40 gemma-3-270m tokens at graph granularity (~800 node events per token).
-SERVER_TIMELINE_MAX_EVENTS = 32_768
+# About 10 gemma-3-270m tokens at graph granularity (~800 node events per token).
+SERVER_TIMELINE_MAX_EVENTS = 8_192
 
 _POWER_SAVING = Field(
     default=True,
