@@ -205,9 +205,13 @@ def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
                     elif not s.finished:
                         tally["cut"] += 1
 
+    during_ms: list[float] = []
+
     def sampler() -> None:
         while not done.wait(0.5):
             peak[0] = max(peak[0], side.rss)
+            if side.name == "ours":
+                during_ms.append(max(power_get_ms(side)))
 
     before = side.rss
     threads = [threading.Thread(target=client, args=(k,)) for k in range(n)]
@@ -220,8 +224,27 @@ def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
         t.join()
     elapsed = time.perf_counter() - t0
     done.set()
+    watch.join()
+    after_ms = power_get_ms(side) if side.name == "ours" else (math.nan, math.nan)
     side.tokens += tally["tokens"]
-    return {**tally, "seconds": elapsed, "rss_before": before, "rss_peak": peak[0]}
+    return {
+        **tally,
+        "seconds": elapsed,
+        "rss_before": before,
+        "rss_peak": peak[0],
+        "power_ms_during_max": max(during_ms, default=math.nan),
+        "power_ms_after": after_ms,
+    }
+
+
+def power_get_ms(side: Side) -> tuple[float, float]:
+    """Milliseconds for one ``GET /v1/power`` and one ``GET /metrics`` (ours)."""
+    out = []
+    for path in ("/v1/power", "/metrics"):
+        t0 = time.perf_counter()
+        side.http.get(path).raise_for_status()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out[0], out[1]
 
 
 def _ratio_line(name: str, xs: list[float], target: float, how: str) -> str:
@@ -307,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
             c = concurrent(side, args.concurrency, args.concurrent_s, args.stream_tokens)
             extra = ""
             if side is ours:
-                extra = f", then {wait_settled(ours):.1f} s to settle"
+                p_ms, m_ms = c["power_ms_after"]
+                extra = (
+                    f"; GET /v1/power, /metrics: slowest during the load "
+                    f"{c['power_ms_during_max']:.1f} ms, right after it {p_ms:.1f} ms, "
+                    f"{m_ms:.1f} ms; then {wait_settled(ours):.1f} s to settle"
+                )
             print(
                 f"  {side.name:<6}: {c['streams']} streams, {c['errors']} errors, "
                 f"{c['cut']} cut, {c['tokens'] / c['seconds']:.1f} tok/s overall; RSS "
