@@ -118,3 +118,37 @@ def test_power_and_metrics_never_settle(served):
     assert doc["energy"]["energy_j"] == pytest.approx(
         sum(recent[i]["energy_j"] for i in ids), rel=1e-9
     )
+
+
+def test_settling_pauses_while_a_request_runs(tiny_gguf, monkeypatch):
+    """Settling replays kernel by kernel; before each kernel it waits while a request
+    runs. Count the kernels replayed while a request was in flight: at most one per
+    request (the one under way when it started), against thousands replayed overall."""
+    from turboinfer_llama import Llama
+
+    seen = {"during": 0, "total": 0}
+    real = live._Gated.run_kernel
+
+    def counting(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        seen["total"] += 1
+        if power._in_flight > 0:
+            seen["during"] += 1
+        return out
+
+    monkeypatch.setattr(live._Gated, "run_kernel", counting)
+    with Llama(model_path=str(tiny_gguf), n_ctx=256, verbose=False, power={"device": "sim"}) as llm:
+        power = llm.power
+        assert power is not None
+        power.SETTLE_QUIET_NS = 0  # settle in every gap between requests
+        n = 12
+        for i in range(n):
+            llm.create_completion(f"hello {i}", max_tokens=24, temperature=0.0)
+            time.sleep(0.002)  # a gap: the worker starts settling
+        deadline = time.monotonic() + 60
+        while not power.stats(settle=False)["energy"]["accounting"]["settled"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    print(f"\nkernels replayed: {seen['total']}, while a request ran: {seen['during']}")
+    assert seen["total"] > 100 * n
+    assert seen["during"] <= n

@@ -38,6 +38,37 @@ log = logging.getLogger("turboinfer_llama")
 RECENT_REQUESTS = 32
 
 
+class SettleAborted(Exception):
+    """A pause point stopped settling in the middle of a request (the session closes
+    without settling); the figures stay as last published."""
+
+
+class _Gated:
+    """The simulator as a replay sees it, with a pause point before every kernel and
+    gap: settling can be held in the middle of a request (while a live request runs)
+    and resumed where it stopped, state untouched. Everything else is forwarded."""
+
+    __slots__ = ("_dev", "_pause")
+
+    def __init__(self, dev: SimGpu, pause: Callable[[], None]) -> None:
+        object.__setattr__(self, "_dev", dev)
+        object.__setattr__(self, "_pause", pause)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dev, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._dev, name, value)
+
+    def run_kernel(self, *args: Any, **kwargs: Any) -> Any:
+        self._pause()
+        return self._dev.run_kernel(*args, **kwargs)
+
+    def run_gap(self, *args: Any, **kwargs: Any) -> Any:
+        self._pause()
+        return self._dev.run_gap(*args, **kwargs)
+
+
 class SimulatedAccount:
     """Controller + simulator in virtual time, fed with completed requests.
 
@@ -95,10 +126,14 @@ class SimulatedAccount:
         """Segments received and not yet settled (pending or ready)."""
         return self.received - self.settled_upto
 
-    def flush(self, stop: Callable[[], bool] | None = None) -> bool:
+    def flush(
+        self, stop: Callable[[], bool] | None = None, pause: Callable[[], None] | None = None
+    ) -> bool:
         """Settle: replay the finished requests, one at a time. ``stop()`` is asked
-        before each; when it says True the rest is left for later. True when every
-        finished request has been settled."""
+        before each; when it says True the rest is left for later. ``pause()`` is
+        called before every simulated kernel and gap: it may block (holding the replay
+        where it is) or raise ``SettleAborted``. True when every finished request has
+        been settled."""
         with self._replay_lock:
             with self._lock:
                 ready, self._ready = self._ready, []
@@ -112,17 +147,19 @@ class SimulatedAccount:
                         self._ready = rest + self._ready
                     return False
                 if any(s.kind == "kernel" for s in part):
-                    self._settle_one(part)
+                    self._settle_one(part, pause)
                 done += len(part)
                 self.settled_upto = first + done
             return True
 
-    def _settle_one(self, req: list[Segment]) -> None:
+    def _settle_one(self, req: list[Segment], pause: Callable[[], None] | None) -> None:
         t0 = time.thread_time_ns()
         e0, b0 = self.device.energy_j, self.shadow.energy_j
+        dev: Any = self.device if pause is None else _Gated(self.device, pause)
+        shadow: Any = self.shadow if pause is None else _Gated(self.shadow, pause)
         try:
-            r = replay(req, self.controller, self.device)
-            base = replay(req, self.baseline, self.shadow)
+            r = replay(req, self.controller, dev)
+            base = replay(req, self.baseline, shadow)
         except (DeviceError, ValueError) as e:
             self.last_error = f"{type(e).__name__}: {e}"
             log.warning("simulated accounting skipped a request: %s", e)

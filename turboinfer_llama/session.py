@@ -24,7 +24,7 @@ from .engine.events import Event, EventKind
 from .engine.hooks import EvalHook
 from .engine.segments import Segment
 from .engine.timeline import Timeline
-from .live import RealDeviceControl, SimulatedAccount
+from .live import RealDeviceControl, SettleAborted, SimulatedAccount
 from .settings import PowerSettings
 from .trace.perfetto import chrome_trace, write_chrome_trace
 from .trace.record import save_trace
@@ -210,6 +210,8 @@ class PowerSession:
             try:
                 self.materialize(yield_to_requests=True)
                 self._settle()
+            except SettleAborted:
+                return  # closing
             except Exception:  # the worker must survive; the error is logged
                 log.exception("turboinfer timeline worker failed on a batch")
 
@@ -237,13 +239,31 @@ class PowerSession:
             time.sleep(min(self.SETTLE_QUIET_NS - quiet_ns, 10_000_000) / 1e9)
         return not self._closed
 
+    def _hold_settling(self) -> None:
+        """Pause point inside a replay (before every simulated kernel): while a request
+        runs, wait, GIL released, until the server is quiet again, so settling never
+        competes with a request for the GIL (unless the backlog is over the bound).
+        Closing a server session aborts; a library session finishes the request."""
+        if self._closed:
+            if self.SETTLE_ON_CLOSE:
+                return
+            raise SettleAborted
+        if self._in_flight == 0 or self._pressed():
+            return
+        while not self._closed and not self._pressed():
+            if self._in_flight == 0 and now_ns() - self._last_end_ns >= self.SETTLE_QUIET_NS:
+                return
+            time.sleep(0.01)
+        if self._closed and not self.SETTLE_ON_CLOSE:
+            raise SettleAborted
+
     def _settle(self) -> None:
         """Settle the simulated accounting off the request path, one request at a
         time, stopping as soon as a request starts (unless over the bound)."""
         account = self._account
         if account is None or account.unsettled_segments == 0 or self._yield_settling():
             return
-        account.flush(stop=self._yield_settling)
+        account.flush(stop=self._yield_settling, pause=self._hold_settling)
         self._timeline.mark_settled(account.settled_upto)
         if account.unsettled_segments == 0:
             _trim_heap()
