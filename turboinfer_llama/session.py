@@ -94,6 +94,9 @@ class PowerSession:
         self._wake_records = self.WAKE_RECORDS
         self._settle_backlog = max(self.WAKE_RECORDS, settings.timeline_max_events)
         self._last_end_ns = now_ns()
+        # Set at every request begin and end: the worker waits on it (never polls), so
+        # an idle or paused worker takes no GIL while requests run.
+        self._activity = threading.Event()
         self._hook: EvalHook | None = hook
         self._decode_raw = hook.decode_raw
         self._pending: list[Any] = []
@@ -183,6 +186,7 @@ class PowerSession:
     def on_request_begin(self, n_prompt: int) -> None:
         self._requests += 1
         self._in_flight += 1
+        self._activity.set()
         self.emit(EventKind.REQUEST_BEGIN, n_tokens=n_prompt)
 
     def on_token(self, index: int) -> None:
@@ -192,6 +196,7 @@ class PowerSession:
     def on_request_end(self, n_generated: int) -> None:
         self._in_flight -= 1
         self._last_end_ns = now_ns()
+        self._activity.set()
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
         self._wake.set()
@@ -230,13 +235,23 @@ class PowerSession:
         request usually follows within a few ms, and deferred work must not sit
         between it and its first token). False if a request started meanwhile or the
         session closed; True at once when the backlog is over the bound."""
+        return self._wait_quiet(through_requests=False)
+
+    def _wait_quiet(self, *, through_requests: bool) -> bool:
+        """Block (GIL released, woken only by request begin/end) until no request has
+        run for ``SETTLE_QUIET_NS``. A running request ends the wait with False, unless
+        ``through_requests``. True at once when the backlog is over the bound."""
         while not self._closed and not self._pressed():
+            self._activity.clear()
             if self._in_flight > 0:
-                return False
-            quiet_ns = now_ns() - self._last_end_ns
-            if quiet_ns >= self.SETTLE_QUIET_NS:
+                if not through_requests:
+                    return False
+                self._activity.wait(1.0)  # re-checks the bound now and then
+                continue
+            left_ns = self.SETTLE_QUIET_NS - (now_ns() - self._last_end_ns)
+            if left_ns <= 0:
                 return True
-            time.sleep(min(self.SETTLE_QUIET_NS - quiet_ns, 10_000_000) / 1e9)
+            self._activity.wait(min(left_ns / 1e9, 1.0))
         return not self._closed
 
     def _hold_settling(self) -> None:
@@ -250,10 +265,7 @@ class PowerSession:
             raise SettleAborted
         if self._in_flight == 0 or self._pressed():
             return
-        while not self._closed and not self._pressed():
-            if self._in_flight == 0 and now_ns() - self._last_end_ns >= self.SETTLE_QUIET_NS:
-                return
-            time.sleep(0.01)
+        self._wait_quiet(through_requests=True)
         if self._closed and not self.SETTLE_ON_CLOSE:
             raise SettleAborted
 
@@ -416,6 +428,7 @@ class PowerSession:
         self._closed = True
         self._real = None
         self._wake.set()
+        self._activity.set()
         if sys.is_finalizing():  # the worker is frozen and may hold our locks
             self._release_now()
             return
