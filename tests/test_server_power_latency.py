@@ -152,3 +152,26 @@ def test_settling_pauses_while_a_request_runs(tiny_gguf, monkeypatch):
     print(f"\nkernels replayed: {seen['total']}, while a request ran: {seen['during']}")
     assert seen["total"] > 100 * n
     assert seen["during"] <= n
+
+
+def test_busy_holds_deferred_work_until_the_response_is_out(tiny_gguf):
+    """A server marks each model request busy from its arrival to its last byte; the
+    worker neither decodes nor settles meanwhile, and does both once it is over."""
+    from turboinfer_llama import Llama
+
+    with Llama(model_path=str(tiny_gguf), n_ctx=256, verbose=False, power={"device": "sim"}) as llm:
+        power = llm.power
+        assert power is not None
+        power.SETTLE_QUIET_NS = 3600 * 10**9  # nothing starts before busy() below
+        llm.create_completion("hello the world", max_tokens=16, temperature=0.0)
+        with power.busy():
+            power.SETTLE_QUIET_NS = 0  # the worker would go at once, but for busy()
+            time.sleep(1.5)
+            acc = power.stats(settle=False)["energy"]["accounting"]
+            assert acc["settled"] is False and acc["settled_requests"] == 0
+            assert acc["pending_items"] > 0  # not even decoded
+        deadline = time.monotonic() + 60
+        while not power.stats(settle=False)["energy"]["accounting"]["settled"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert power.stats(settle=False)["energy"]["accounting"]["settled_requests"] == 1

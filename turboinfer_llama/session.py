@@ -8,6 +8,7 @@ they must stay cheap, they run on the decode path.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import os
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._clock import now_ns
@@ -106,6 +107,8 @@ class PowerSession:
         self._graph = -1
         self._requests = 0
         self._in_flight = 0
+        self._held = 0  # requests announced by the caller (server), not yet generating
+        self._held_lock = threading.Lock()
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
         self._closed = False
@@ -144,6 +147,28 @@ class PowerSession:
         """All events so far, decoded and segmented (derives what is pending)."""
         self.materialize()
         return self._timeline
+
+    @property
+    def _busy(self) -> bool:
+        return self._in_flight > 0 or self._held > 0
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Mark a request as under way before it reaches ``generate`` (a server wraps
+        each model request from its arrival to its last byte): deferred decoding and
+        settling hold off meanwhile, so they never compete with its parsing,
+        tokenisation or response for the GIL."""
+        with self._held_lock:
+            self._held += 1
+        self._activity.set()
+        try:
+            yield
+        finally:
+            with self._held_lock:
+                self._held -= 1
+            self._last_end_ns = now_ns()
+            self._activity.set()
+            self._wake.set()
 
     # -- engine boundaries (hot path) -------------------------------------------
     def _push(self, item: Any, n_records: int = 0) -> None:
@@ -208,7 +233,7 @@ class PowerSession:
             self._wake.clear()
             if self._closed:
                 return
-            if self._in_flight > 0 and not self._pressed():
+            if self._busy and not self._pressed():
                 continue  # a request is decoding; the end of the last one wakes us
             if not self._pressed() and not self._quiet():
                 continue  # a request started meanwhile; its end wakes us
@@ -228,7 +253,7 @@ class PowerSession:
         return account is not None and account.unsettled_segments > self._settle_backlog
 
     def _yield_settling(self) -> bool:
-        return self._closed or (self._in_flight > 0 and not self._pressed())
+        return self._closed or (self._busy and not self._pressed())
 
     def _quiet(self) -> bool:
         """Wait until no request has run for ``SETTLE_QUIET_NS`` (a client's next
@@ -243,7 +268,7 @@ class PowerSession:
         ``through_requests``. True at once when the backlog is over the bound."""
         while not self._closed and not self._pressed():
             self._activity.clear()
-            if self._in_flight > 0:
+            if self._busy:
                 if not through_requests:
                     return False
                 self._activity.wait(1.0)  # re-checks the bound now and then
@@ -263,7 +288,7 @@ class PowerSession:
             if self.SETTLE_ON_CLOSE:
                 return
             raise SettleAborted
-        if self._in_flight == 0 or self._pressed():
+        if not self._busy or self._pressed():
             return
         self._wait_quiet(through_requests=True)
         if self._closed and not self.SETTLE_ON_CLOSE:
@@ -293,7 +318,7 @@ class PowerSession:
             tl = self._timeline
             account = self.live if isinstance(self.live, SimulatedAccount) else None
             for n, item in enumerate(items):
-                if yield_to_requests and self._in_flight > 0 and backlog <= self._wake_records:
+                if yield_to_requests and self._busy and backlog <= self._wake_records:
                     self._requeue(items[n:])
                     return
                 if isinstance(item, Event):

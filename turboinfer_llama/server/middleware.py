@@ -16,6 +16,7 @@ with the simulated GPU the header is never sent; read the request's ``energy_j``
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -269,9 +270,13 @@ class RequestGuard:
 
         token = CURRENT_REQUEST.set(rec)
         outcome = "error"
+        _, llm = adapter.loaded_model()
+        power = getattr(llm, "power", None)
+        busy = power.busy() if power is not None else contextlib.nullcontext()
         try:
-            await self.app(scope, replay, labelled)
-            await flush()
+            with busy:  # the session's deferred work waits until this response is out
+                await self.app(scope, replay, labelled)
+                await flush()
             outcome = "ok" if state["complete"] else "cancelled"
         except Exception as e:  # answered below if nothing was sent yet
             if state["started"]:
