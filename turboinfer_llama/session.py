@@ -288,7 +288,12 @@ class PowerSession:
             if self.SETTLE_ON_CLOSE:
                 return
             raise SettleAborted
-        if not self._busy or self._pressed():
+        if not self._busy:
+            return
+        if self._pressed():
+            # Settling during requests (the memory bound): hand the GIL over at every
+            # kernel, so requests and /v1/power wait microseconds, not switch intervals.
+            time.sleep(0)
             return
         self._wait_quiet(through_requests=True)
         if self._closed and not self.SETTLE_ON_CLOSE:
