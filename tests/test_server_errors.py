@@ -173,3 +173,16 @@ def test_api_key_guards_power_metrics_and_bad_bodies(keyed):
     assert keyed.power(**auth)["power_saving"] is True
     with keyed.http(**auth) as h:
         assert h.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
+def test_null_penalty_means_default(server, field):
+    # Found by the fuzz test: llama-cpp-python passes the null on to ctypes (a 500).
+    body = {"model": MODEL, "prompt": "the", "max_tokens": 4, "temperature": 0.0, field: None}
+    r = _post(server, "/v1/completions", json.dumps(body))
+    assert r.status_code == 200, r.text
+    body.pop(field)
+    assert (
+        r.json()["choices"][0]["text"]
+        == _post(server, "/v1/completions", json.dumps(body)).json()["choices"][0]["text"]
+    )

@@ -162,6 +162,8 @@ class RequestGuard:
             await _respond(send, status, body)
             return
         parsed = json.loads(raw)
+        if validation.null_means_default(path, parsed):
+            raw = json.dumps(parsed).encode()
         await self._forward(scope, receive, send, raw, model_cls, path, parsed)
 
     def _authorized(self, authorization: str) -> bool:

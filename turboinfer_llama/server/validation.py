@@ -14,7 +14,9 @@ Found by the HTTP fuzz test (tests/test_server_fuzz.py) on llama-cpp-python 0.3.
   middle of a stream);
 * an empty ``input`` list to ``/v1/embeddings`` makes ``llama_decode`` fail (500).
 
-Each becomes a 400 with the parameter named. The checks use the model now loaded; a
+Each becomes a 400 with the parameter named. A null ``presence_penalty`` or
+``frequency_penalty`` (allowed by the request models, a ctypes ``TypeError`` and a 500
+in llama-cpp-python) is taken as unset. The checks use the model now loaded; a
 request for another model of a multi-model config is passed through unchecked (its
 vocabulary is not known before it loads).
 """
@@ -55,6 +57,22 @@ def _logit_bias_problem(data: dict[str, Any], n_vocab: int) -> Problem | None:
         if not 0 <= token < n_vocab:
             return "logit_bias", f"logit_bias token id {token} is outside 0..{n_vocab - 1}"
     return None
+
+
+# Optional in the request models, but a null reaches llama.cpp's sampler as a ctypes
+# argument ("argument 5: TypeError: wrong type", a 500): null means the default.
+NULL_MEANS_DEFAULT = ("presence_penalty", "frequency_penalty")
+
+
+def null_means_default(path: str, data: dict[str, Any]) -> bool:
+    """Drop the fields of ``NULL_MEANS_DEFAULT`` that are null (the route then uses its
+    default). True if ``data`` changed."""
+    if path not in adapter.GENERATION_ROUTES:
+        return False
+    nulls = [k for k in NULL_MEANS_DEFAULT if k in data and data[k] is None]
+    for k in nulls:
+        del data[k]
+    return bool(nulls)
 
 
 def problem(path: str, data: dict[str, Any]) -> Problem | None:
