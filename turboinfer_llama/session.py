@@ -98,6 +98,7 @@ class PowerSession:
         # Set at every request begin and end: the worker waits on it (never polls), so
         # an idle or paused worker takes no GIL while requests run.
         self._activity = threading.Event()
+        self._last_yield_ns = 0
         self._hook: EvalHook | None = hook
         self._decode_raw = hook.decode_raw
         self._pending: list[Any] = []
@@ -291,9 +292,12 @@ class PowerSession:
         if not self._busy:
             return
         if self._pressed():
-            # Settling during requests (the memory bound): hand the GIL over at every
-            # kernel, so requests and /v1/power wait microseconds, not switch intervals.
-            time.sleep(0)
+            # Settling during requests (the memory bound): hand the GIL over every
+            # millisecond, so requests and /v1/power never wait out switch intervals.
+            t = now_ns()
+            if t - self._last_yield_ns >= 1_000_000:
+                time.sleep(0)
+                self._last_yield_ns = t
             return
         self._wait_quiet(through_requests=True)
         if self._closed and not self.SETTLE_ON_CLOSE:
