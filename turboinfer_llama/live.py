@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from .control.applied import energy_on_timeline
@@ -37,10 +39,48 @@ log = logging.getLogger("turboinfer_llama")
 RECENT_REQUESTS = 32
 
 
+class SettleAborted(Exception):
+    """A pause point stopped settling in the middle of a request (the session closes
+    without settling); the figures stay as last published."""
+
+
+class _Gated:
+    """The simulator as a replay sees it, with a pause point before every kernel and
+    gap: settling can be held in the middle of a request (while a live request runs)
+    and resumed where it stopped, state untouched. Everything else is forwarded."""
+
+    __slots__ = ("_dev", "_pause")
+
+    def __init__(self, dev: SimGpu, pause: Callable[[], None]) -> None:
+        object.__setattr__(self, "_dev", dev)
+        object.__setattr__(self, "_pause", pause)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dev, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._dev, name, value)
+
+    def run_kernel(self, *args: Any, **kwargs: Any) -> Any:
+        self._pause()
+        return self._dev.run_kernel(*args, **kwargs)
+
+    def run_gap(self, *args: Any, **kwargs: Any) -> Any:
+        self._pause()
+        return self._dev.run_gap(*args, **kwargs)
+
+
 class SimulatedAccount:
     """Controller + simulator in virtual time, fed with completed requests; and the
     live loop on a recording executor, whose switches are accounted on the recorded
-    timeline (applied energy)."""
+    timeline (applied energy).
+
+    ``flush()`` (settling) replays the finished requests; ``summary(settle=False)``
+    returns the figures of the last settle without replaying or waiting for one, so
+    a reader (the server's ``/v1/power``) never pays for the replay. Settled
+    per-request figures go to ``recent`` and to every settled sink, keyed by the
+    engine's request index (``"request"``: the n-th ``generate`` of this session).
+    """
 
     def __init__(self, settings: PowerSettings, device: SimGpu) -> None:
         from .control.governor import Governor
@@ -63,17 +103,24 @@ class SimulatedAccount:
         self.applied_j = 0.0
         self.replay_pass_j = 0.0
         self.pass_tokens = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending/_ready/counters below (brief)
+        self._replay_lock = threading.Lock()  # one settle at a time, in order
         self._pending: list[Segment] = []
         self._ready: list[Segment] = []
+        self.received = 0  # segments handed to add() so far
+        self._ready_upto = 0  # segments up to the last finished request
+        self.settled_upto = 0  # segments processed by settling (in order)
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
+        self._settled_sinks: list[Callable[[dict[str, Any]], None]] = []
         self.tokens = 0
         self.requests = 0
         self.switches = 0
         self.virtual_s = 0.0
+        self.settle_cpu_ns = 0
         self.decision_us: deque[float] = deque(maxlen=4096)
         self.last_error: str | None = None
         self._final: dict[str, Any] | None = None
+        self._published: dict[str, Any] = self._figures()
 
     # -- the live loop (engine thread; cheap) --
     def on_event(self, event: Event) -> None:
@@ -94,46 +141,56 @@ class SimulatedAccount:
     def add(self, segments: list[Segment]) -> None:
         with self._lock:
             self._pending.extend(segments)
+            self.received += len(segments)
 
     def request_done(self) -> None:
         """Everything pending belongs to finished requests: ready to replay."""
         with self._lock:
             self._ready.extend(self._pending)
             self._pending = []
+            self._ready_upto = self.received
 
-    def flush(self) -> None:
-        with self._lock:
-            ready, self._ready = self._ready, []
-            if not ready or not any(s.kind == "kernel" for s in ready):
-                return
-            self.loop.wait_idle()
-            applied = list(self.loop.applied_log)
-            for req in _by_request(ready):
-                self._account_applied(req, applied)
-                e0, b0 = self.device.energy_j, self.shadow.energy_j
-                try:
-                    r = replay(req, self.controller, self.device)
-                    base = replay(req, self.baseline, self.shadow)
-                except (DeviceError, ValueError) as e:
-                    self.last_error = f"{type(e).__name__}: {e}"
-                    log.warning("simulated accounting skipped a request: %s", e)
-                    continue
-                self.virtual_s += r.duration_s
-                self.tokens += r.tokens
-                self.requests += r.requests
-                self.switches += r.switches
-                self.decision_us.extend(r.decision_us)
-                if r.tokens:
-                    self.recent.append(
-                        {
-                            "energy_j": self.device.energy_j - e0,
-                            "default_energy_j": self.shadow.energy_j - b0,
-                            "tokens": r.tokens,
-                            "tpot_ms": r.tpot_ms,
-                            "default_tpot_ms": base.tpot_ms,
-                            "simulated": True,
-                        }
-                    )
+    def add_settled_sink(self, sink: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``sink(record)`` with each request's figures once settled."""
+        self._settled_sinks.append(sink)
+
+    @property
+    def unsettled_segments(self) -> int:
+        """Segments received and not yet settled (pending or ready)."""
+        return self.received - self.settled_upto
+
+    def flush(
+        self, stop: Callable[[], bool] | None = None, pause: Callable[[], None] | None = None
+    ) -> bool:
+        """Settle: replay the finished requests, one at a time. ``stop()`` is asked
+        before each; when it says True the rest is left for later. ``pause()`` is
+        called before every simulated kernel and gap: it may block (holding the replay
+        where it is) or raise ``SettleAborted``. True when every finished request has
+        been settled."""
+        with self._replay_lock:
+            with self._lock:
+                ready, self._ready = self._ready, []
+                first = self._ready_upto - len(ready)  # index of ready[0] in received
+            parts = _split_requests(ready)
+            applied: list[tuple[int, int]] = []
+            if any(s.kind == "kernel" for s in ready):
+                self.loop.wait_idle()
+                applied = list(self.loop.applied_log)
+            done = 0
+            for i, part in enumerate(parts):
+                if stop is not None and stop():
+                    rest = [s for p in parts[i:] for s in p]
+                    with self._lock:
+                        self._ready = rest + self._ready
+                    return False
+                if any(s.kind == "kernel" for s in part):
+                    t0 = time.thread_time_ns()
+                    self._account_applied(part, applied)
+                    self.settle_cpu_ns += time.thread_time_ns() - t0
+                    self._settle_one(part, pause)
+                done += len(part)
+                self.settled_upto = first + done
+            return True
 
     def _account_applied(self, req: list[Segment], applied: list[tuple[int, int]]) -> None:
         """Applied energy of the live loop's switches on this request's recorded
@@ -153,10 +210,44 @@ class SimulatedAccount:
         self.replay_pass_j += r.energy_j
         self.pass_tokens += tokens
 
-    def summary(self) -> dict[str, Any]:
-        if self._final is not None:
-            return self._final
-        self.flush()
+    def _settle_one(self, req: list[Segment], pause: Callable[[], None] | None) -> None:
+        t0 = time.thread_time_ns()
+        e0, b0 = self.device.energy_j, self.shadow.energy_j
+        dev: Any = self.device if pause is None else _Gated(self.device, pause)
+        shadow: Any = self.shadow if pause is None else _Gated(self.shadow, pause)
+        try:
+            r = replay(req, self.controller, dev)
+            base = replay(req, self.baseline, shadow)
+        except (DeviceError, ValueError) as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.warning("simulated accounting skipped a request: %s", e)
+            return
+        finally:
+            self.settle_cpu_ns += time.thread_time_ns() - t0
+        self.virtual_s += r.duration_s
+        self.tokens += r.tokens
+        self.requests += r.requests
+        self.switches += r.switches
+        self.decision_us.extend(r.decision_us)
+        record = {
+            "request": next(s.request for s in req if s.kind == "kernel"),
+            "energy_j": self.device.energy_j - e0,
+            "default_energy_j": self.shadow.energy_j - b0,
+            "tokens": r.tokens,
+            "tpot_ms": r.tpot_ms,
+            "default_tpot_ms": base.tpot_ms,
+            "simulated": True,
+        }
+        if r.tokens:
+            self.recent.append(record)
+        self._published = self._figures()
+        for sink in self._settled_sinks:
+            try:
+                sink(record)
+            except Exception:  # a reader's bug must not stop accounting
+                log.exception("settled-request sink failed")
+
+    def _figures(self) -> dict[str, Any]:
         loop = self.loop.health()
         d, s = self.device, self.shadow
         t_s = self.virtual_s
@@ -199,26 +290,49 @@ class SimulatedAccount:
                 "ok": self.last_error is None and loop["ok"],
                 "last_error": self.last_error or loop["error"],
             },
+            "accounting": {
+                "settled_requests": self.requests,
+                "cpu_ms_per_token": self.settle_cpu_ns / 1e6 / self.tokens if self.tokens else None,
+            },
         }
 
-    def close(self) -> None:
-        """Settle the figures (kept readable afterwards), then close both simulators."""
+    def summary(self, settle: bool = True) -> dict[str, Any]:
+        """The figures. ``settle=False``: those of the last settle, at once (no replay,
+        no waiting), plus how much is still unsettled."""
+        if self._final is not None:
+            return self._final
+        if settle:
+            self.flush()
+            with self._replay_lock:
+                self._published = self._figures()
+        out = dict(self._published)
+        out["accounting"] = {
+            **out["accounting"],
+            "unsettled_segments": self.unsettled_segments,
+            "settled": self.unsettled_segments == 0,
+        }
+        return out
+
+    def close(self, settle: bool = True) -> None:
+        """Settle the figures (kept readable afterwards; ``settle=False``: keep those
+        settled so far), then close both simulators."""
         if self._final is None:
-            self.request_done()
-            self._final = self.summary()
+            if settle:
+                self.request_done()
+            self._final = self.summary(settle=settle)
         self.loop.close()
         self.device.close()
         self.shadow.close()
 
 
-def _by_request(segments: list[Segment]) -> list[list[Segment]]:
+def _split_requests(segments: list[Segment]) -> list[list[Segment]]:
     """Split at idle stalls; each part keeps its leading idle gap."""
     parts: list[list[Segment]] = [[]]
     for s in segments:
         if s.stall is StallKind.IDLE and parts[-1]:
             parts.append([])
         parts[-1].append(s)
-    return [p for p in parts if any(s.kind == "kernel" for s in p)]
+    return [p for p in parts if p]
 
 
 class RealDeviceControl:
@@ -264,7 +378,8 @@ class RealDeviceControl:
     def bind_hook(self, hook: Any) -> None:
         self.governor.bind_hook(hook)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, settle: bool = True) -> dict[str, Any]:
+        """Live figures (nothing to settle: ``settle`` is accepted for symmetry)."""
         d = self.device
         health = self.governor.health()
         out: dict[str, Any] = {

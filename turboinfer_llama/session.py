@@ -8,13 +8,15 @@ they must stay cheap, they run on the decode path.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import logging
 import os
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._clock import now_ns
@@ -23,7 +25,7 @@ from .engine.events import Event, EventKind
 from .engine.hooks import EvalHook
 from .engine.segments import Segment
 from .engine.timeline import Timeline
-from .live import RealDeviceControl, SimulatedAccount
+from .live import RealDeviceControl, SettleAborted, SimulatedAccount
 from .settings import PowerSettings
 from .trace.perfetto import chrome_trace, write_chrome_trace
 from .trace.record import save_trace
@@ -45,6 +47,16 @@ def _close_open_sessions() -> None:
         session.close()
 
 
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS after a backlog is settled (glibc keeps
+    them otherwise, and a long-running server's RSS would stay at its peak)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def _no_decoder(raw: Any) -> list[Event]:
     raise RuntimeError("hook records arrived after the session closed")
 
@@ -58,12 +70,35 @@ class PowerSession:
 
     SLICE_RECORDS = 128  # decoded between GIL hand-offs: about 0.5 ms of work
     WAKE_RECORDS = 262_144  # about 60 MB of raw records, ~320 gemma-3-270m decode steps
+    # Simulated accounting (settling) starts once no request has run for this long: a
+    # client's next request usually follows within a few ms, and settling must not
+    # sit between it and its first token.
+    SETTLE_QUIET_NS = 50_000_000
+    # close() settles everything still owed, so figures read afterwards are complete. A
+    # server turns this off: replaying a backlog would hold up its shutdown.
+    SETTLE_ON_CLOSE = True
 
     def __init__(self, settings: PowerSettings, hook: EvalHook, live: Live | None = None) -> None:
         self.settings = settings
         self.live = live
         self._real = live if isinstance(live, RealDeviceControl) else None
-        self._timeline = Timeline()
+        account = live if isinstance(live, SimulatedAccount) else None
+        self._account = account
+        window_s = settings.timeline_window_s
+        self._timeline = Timeline(
+            settings.timeline_max_events,
+            window_ns=int(window_s * 1e9) if window_s > 0 else None,
+            hold_unsettled=account is not None,
+        )
+        # Memory bound: past these backlogs the worker decodes and settles even while
+        # requests run (unsettled segments stay in the timeline until settled).
+        self._wake_records = self.WAKE_RECORDS
+        self._settle_backlog = max(self.WAKE_RECORDS, settings.timeline_max_events)
+        self._last_end_ns = now_ns()
+        # Set at every request begin and end: the worker waits on it (never polls), so
+        # an idle or paused worker takes no GIL while requests run.
+        self._activity = threading.Event()
+        self._last_yield_ns = 0
         self._hook: EvalHook | None = hook
         self._decode_raw = hook.decode_raw
         self._pending: list[Any] = []
@@ -73,6 +108,8 @@ class PowerSession:
         self._graph = -1
         self._requests = 0
         self._in_flight = 0
+        self._held = 0  # requests announced by the caller (server), not yet generating
+        self._held_lock = threading.Lock()
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
         self._closed = False
@@ -101,6 +138,8 @@ class PowerSession:
         hardware, where one device serves several controllers in turn."""
         self.materialize()
         old, self.live, self._real, self._loop = self.live, None, None, None
+        self._account = None
+        self._timeline.hold_unsettled = False  # nothing will settle the held segments
         if old is not None:
             old.close()
         live = RealDeviceControl(self.settings, device, controller, owns_device=False)
@@ -120,12 +159,34 @@ class PowerSession:
         self.materialize()
         return self._timeline
 
+    @property
+    def _busy(self) -> bool:
+        return self._in_flight > 0 or self._held > 0
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Mark a request as under way before it reaches ``generate`` (a server wraps
+        each model request from its arrival to its last byte): deferred decoding and
+        settling hold off meanwhile, so they never compete with its parsing,
+        tokenisation or response for the GIL."""
+        with self._held_lock:
+            self._held += 1
+        self._activity.set()
+        try:
+            yield
+        finally:
+            with self._held_lock:
+                self._held -= 1
+            self._last_end_ns = now_ns()
+            self._activity.set()
+            self._wake.set()
+
     # -- engine boundaries (hot path) -------------------------------------------
     def _push(self, item: Any, n_records: int = 0) -> None:
         with self._swap_lock:
             self._pending.append(item)
             self._pending_records += n_records
-            full = self._pending_records > self.WAKE_RECORDS
+            full = self._pending_records > self._wake_records
         if full:
             self._wake.set()
 
@@ -177,6 +238,7 @@ class PowerSession:
     def on_request_begin(self, n_prompt: int) -> None:
         self._requests += 1
         self._in_flight += 1
+        self._activity.set()
         self.emit(EventKind.REQUEST_BEGIN, n_tokens=n_prompt)
 
     def on_token(self, index: int) -> None:
@@ -185,6 +247,8 @@ class PowerSession:
 
     def on_request_end(self, n_generated: int) -> None:
         self._in_flight -= 1
+        self._last_end_ns = now_ns()
+        self._activity.set()
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
         self._wake.set()
@@ -196,14 +260,85 @@ class PowerSession:
             self._wake.clear()
             if self._closed:
                 return
-            if self._in_flight > 0 and self._pending_records <= self.WAKE_RECORDS:
+            if self._busy and not self._pressed():
                 continue  # a request is decoding; the end of the last one wakes us
+            if not self._pressed() and not self._quiet():
+                continue  # a request started meanwhile; its end wakes us
             try:
-                # Only the timeline: the simulated accounting replays per kernel (tens
-                # of ms of CPU per token) and runs when figures are asked for.
                 self.materialize(yield_to_requests=True)
+                self._settle()
+            except SettleAborted:
+                return  # closing
             except Exception:  # the worker must survive; the error is logged
                 log.exception("turboinfer timeline worker failed on a batch")
+
+    def _pressed(self) -> bool:
+        """More decode or accounting backlog than the memory bound allows."""
+        if self._pending_records > self._wake_records:
+            return True
+        account = self._account
+        return account is not None and account.unsettled_segments > self._settle_backlog
+
+    def _yield_settling(self) -> bool:
+        return self._closed or (self._busy and not self._pressed())
+
+    def _quiet(self) -> bool:
+        """Wait until no request has run for ``SETTLE_QUIET_NS`` (a client's next
+        request usually follows within a few ms, and deferred work must not sit
+        between it and its first token). False if a request started meanwhile or the
+        session closed; True at once when the backlog is over the bound."""
+        return self._wait_quiet(through_requests=False)
+
+    def _wait_quiet(self, *, through_requests: bool) -> bool:
+        """Block (GIL released, woken only by request begin/end) until no request has
+        run for ``SETTLE_QUIET_NS``. A running request ends the wait with False, unless
+        ``through_requests``. True at once when the backlog is over the bound."""
+        while not self._closed and not self._pressed():
+            self._activity.clear()
+            if self._busy:
+                if not through_requests:
+                    return False
+                self._activity.wait(1.0)  # re-checks the bound now and then
+                continue
+            left_ns = self.SETTLE_QUIET_NS - (now_ns() - self._last_end_ns)
+            if left_ns <= 0:
+                return True
+            self._activity.wait(min(left_ns / 1e9, 1.0))
+        return not self._closed
+
+    def _hold_settling(self) -> None:
+        """Pause point inside a replay (before every simulated kernel): while a request
+        runs, wait, GIL released, until the server is quiet again, so settling never
+        competes with a request for the GIL (unless the backlog is over the bound).
+        Closing a server session aborts; a library session finishes the request."""
+        if self._closed:
+            if self.SETTLE_ON_CLOSE:
+                return
+            raise SettleAborted
+        if not self._busy:
+            return
+        if self._pressed():
+            # Settling during requests (the memory bound): hand the GIL over every
+            # millisecond, so requests and /v1/power never wait out switch intervals.
+            t = now_ns()
+            if t - self._last_yield_ns >= 1_000_000:
+                time.sleep(0)
+                self._last_yield_ns = t
+            return
+        self._wait_quiet(through_requests=True)
+        if self._closed and not self.SETTLE_ON_CLOSE:
+            raise SettleAborted
+
+    def _settle(self) -> None:
+        """Settle the simulated accounting off the request path, one request at a
+        time, stopping as soon as a request starts (unless over the bound)."""
+        account = self._account
+        if account is None or account.unsettled_segments == 0 or self._yield_settling():
+            return
+        account.flush(stop=self._yield_settling, pause=self._hold_settling)
+        self._timeline.mark_settled(account.settled_upto)
+        if account.unsettled_segments == 0:
+            _trim_heap()
 
     # -- deferred derivation -----------------------------------------------------
     def materialize(self, *, yield_to_requests: bool = False) -> None:
@@ -218,7 +353,7 @@ class PowerSession:
             tl = self._timeline
             account = self.live if isinstance(self.live, SimulatedAccount) else None
             for n, item in enumerate(items):
-                if yield_to_requests and self._in_flight > 0 and backlog <= self.WAKE_RECORDS:
+                if yield_to_requests and self._busy and backlog <= self._wake_records:
                     self._requeue(items[n:])
                     return
                 if isinstance(item, Event):
@@ -244,18 +379,53 @@ class PowerSession:
                 sink(segments)
 
     # -- reporting -------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Counts, stall totals by kind, and hook health for this model so far."""
-        tl = self.timeline
+    @property
+    def request_count(self) -> int:
+        """Requests (``generate`` calls) begun so far; the next one gets this index in
+        the timeline's segments (``Segment.request``) and in settled records."""
+        return self._requests
+
+    def add_settled_sink(self, sink: Callable[[dict[str, Any]], None]) -> bool:
+        """Call ``sink(record)`` with each request's simulated figures once settled
+        (``record["request"]`` is its index). False when nothing is settled later
+        (real device or observing only)."""
+        if self._account is None:
+            return False
+        self._account.add_settled_sink(sink)
+        return True
+
+    def stats(self, settle: bool = True) -> dict[str, Any]:
+        """Counts, stall totals by kind, and hook health for this model so far.
+
+        ``settle=False`` reads only what the worker has already derived and settled:
+        it never decodes, replays or waits for either (the server's ``/v1/power``)."""
+        if settle:
+            self.materialize()
+        tl = self._timeline
+        totals = tl.totals()
         hook = self._hook
-        energy = self.energy()
+        energy = self.energy() if settle else self.settled_energy()
+        accounting = energy.get("accounting") if energy else None
+        if isinstance(accounting, dict):
+            with self._swap_lock:
+                pending = len(self._pending)
+            energy = {
+                **energy,  # type: ignore[dict-item]
+                "accounting": {
+                    **accounting,
+                    "pending_items": pending,
+                    "settled": bool(accounting.get("settled")) and pending == 0,
+                },
+            }
         return {
             "requests": self._requests,
+            "in_flight": self._in_flight,
             "tokens": self._tokens,
-            "events": dict(tl.counts),
+            "events": totals["events"],
             "events_dropped": tl.dropped,
-            "kernels": {"count": tl.kernel_count, "total_ms": tl.kernel_ns / 1e6},
-            "stalls": tl.stall_totals(),
+            "timeline": tl.window(),
+            "kernels": totals["kernels"],
+            "stalls": totals["stalls"],
             "hook": {
                 "granularity": self.settings.granularity,
                 "native": bool(hook and hook.native),
@@ -274,15 +444,28 @@ class PowerSession:
         if self.live is None:
             return None
         self.materialize()
-        return self.live.summary()
+        out = self.live.summary()
+        if self._account is not None:
+            self._timeline.mark_settled(self._account.settled_upto)
+        return out
+
+    def settled_energy(self) -> dict[str, Any] | None:
+        """``energy()`` as last settled by the worker, at once (no replay, no wait)."""
+        if self.live is None:
+            return None
+        return self.live.summary(settle=False)
 
     def export_trace(self, path: str | os.PathLike[str]) -> str:
-        """Write a Chrome/Perfetto JSON trace (open it in ui.perfetto.dev)."""
-        events = chrome_trace(self.timeline.segments())
-        return str(write_chrome_trace(path, events, {"source": "turboinfer-llama live run"}))
+        """Write a Chrome/Perfetto JSON trace (open it in ui.perfetto.dev) of the
+        retained window (``settings.timeline_max_events``/``timeline_window_s``)."""
+        tl = self.timeline
+        meta = {"source": "turboinfer-llama live run", "window": tl.window()}
+        return str(write_chrome_trace(path, chrome_trace(tl.segments()), meta))
 
     def record(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> str:
-        """Save the raw events for deterministic replay (``turboinfer bench --replay``)."""
+        """Save the raw events of the retained window for deterministic replay
+        (``turboinfer bench --replay``); ``meta["window"]`` says whether older events
+        were dropped (``"complete": false``)."""
         meta = dict(meta or {})
         loop = getattr(self._loop or self.live, "loop", None) or getattr(
             self._loop or self.live, "governor", None
@@ -291,7 +474,8 @@ class PowerSession:
             # when each graph's plan was set, live: replay models the same delays
             meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
             meta.setdefault("log_cutoff_ns", {str(g): d for g, d in loop.log_cutoff_ns.items()})
-        return str(save_trace(path, self.timeline.events(), meta))
+        tl = self.timeline
+        return str(save_trace(path, tl.events(), {**meta, "window": tl.window()}))
 
     # -- teardown --------------------------------------------------------------
     def _release_now(self) -> None:
@@ -315,17 +499,22 @@ class PowerSession:
         self._real = None
         self._loop = None
         self._wake.set()
+        self._activity.set()
         if sys.is_finalizing():  # the worker is frozen and may hold our locks
             self._release_now()
             return
         if self._worker is not threading.current_thread():
             self._worker.join()
         try:
-            if self._hook is not None:
-                self._drain()
-            self.materialize()  # decode what is pending while the decoder exists
-            if self.live is not None:
-                self.live.close()  # final figures, then the device's governor, min, max
+            if self.SETTLE_ON_CLOSE:
+                if self._hook is not None:
+                    self._drain()
+                self.materialize()  # decode what is pending while the decoder exists
+            if self._account is not None:
+                # final figures (settled now, or as settled so far), then the simulators
+                self._account.close(settle=self.SETTLE_ON_CLOSE)
+            elif self.live is not None:
+                self.live.close()  # the device's governor, min, max
         finally:
             hook, self._hook = self._hook, None
             self._decode_raw = _no_decoder

@@ -63,6 +63,19 @@ class PowerSettings(BaseSettings):
         "(kgsl, devfreq, kmod) is steered: a warning instead of an error. On such "
         "devices every layer is offloaded unless n_gpu_layers says otherwise.",
     )
+    timeline_max_events: int = Field(
+        default=2_000_000,
+        gt=0,
+        description="Events (and segments) the timeline keeps in memory: a bounded window, "
+        "oldest dropped first, while totals keep counting. Segments not yet accounted for "
+        "are never dropped. record() and export_trace() cover this retained window.",
+    )
+    timeline_window_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="If > 0, the timeline also drops events older than this many seconds "
+        "before the newest one (0: bounded by timeline_max_events only).",
+    )
     native_hooks: bool = Field(
         default=True,
         description="Use the compiled C hook library when available; False forces the "

@@ -12,10 +12,11 @@ over the time from sending it to the end of its stream; a round's figure is tota
 chunks over total time. Prints the per-round figures and the median ratio ours/theirs
 (target: >= 0.98).
 
-Our server derives its timeline and simulated energy off the decode path, when idle
-or when asked. So that this deferred work cannot land in the other server's turn,
-each of our turns is followed by a ``GET /v1/power``, which settles it; the time that
-takes is printed per token as its own figure.
+Our server derives its timeline and settles its simulated energy off the request
+path, once it is quiet. So that this deferred work cannot land in the other server's
+turn, each of our turns is followed by polling ``GET /v1/power`` until it reports
+``accounting.settled``; the time that takes is printed per token as its own figure.
+``python -m turboinfer_llama.bench.server_parity`` is the fuller comparison.
 """
 
 from __future__ import annotations
@@ -133,6 +134,18 @@ def run_round(client: openai.OpenAI, model: str, n: int, max_tokens: int) -> Rou
     return Round(chunks, seconds)
 
 
+def wait_settled(url: str, timeout_s: float = 1800) -> None:
+    """Poll our ``/v1/power`` until its deferred work is done (it never settles on read)."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        doc = httpx.get(f"{url}/v1/power", timeout=60).json()
+        if (doc.get("accounting") or {}).get("settled", True):
+            return
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"not settled after {timeout_s} s: {doc.get('accounting')}")
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
@@ -181,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[side].append(run_round(clients[side], "m", args.requests, args.max_tokens))
                 if side == "ours":
                     t0 = time.perf_counter()
-                    httpx.get(f"{servers['ours'].url}/v1/power", timeout=600).raise_for_status()
+                    wait_settled(servers["ours"].url)
                     settle_ms.append((time.perf_counter() - t0) * 1e3 / results[side][-1].chunks)
             o, t = results["ours"][-1], results["theirs"][-1]
             if not o.chunks or not t.chunks:

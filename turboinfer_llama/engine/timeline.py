@@ -13,6 +13,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .events import Event, EventKind, NodeShape, StallKind
 from .segments import Phase, Segment
@@ -46,16 +47,40 @@ class _Graph:
 class Timeline:
     """Ordered events plus incremental segment derivation.
 
-    Thread-safe for one producer and readers. ``max_events`` bounds memory for long
-    servers: the oldest events are dropped (counted in ``dropped``), while segment
-    and stall totals keep accumulating.
+    Thread-safe for one producer and readers. Memory is bounded for long-running
+    servers: only a window of events and segments is retained, the last
+    ``max_events`` of each and, when ``window_ns`` is set, only those no older than
+    ``window_ns`` before the newest event. Evicted events are counted in ``dropped``
+    (segments in ``segments_dropped``); the totals (``counts``, stall and kernel
+    totals, ``total_events``, ``total_segments``) keep counting everything.
+
+    With ``hold_unsettled`` the window never evicts a segment that accounting has not
+    processed yet: segments stay until ``mark_settled(n)`` says the first ``n``
+    segments ever derived are accounted for, even past the window's bounds.
     """
 
-    def __init__(self, max_events: int = 2_000_000) -> None:
+    def __init__(
+        self,
+        max_events: int | None = 2_000_000,
+        *,
+        window_ns: int | None = None,
+        hold_unsettled: bool = False,
+    ) -> None:
+        if max_events is not None and max_events <= 0:
+            raise ValueError(f"max_events must be positive or None, not {max_events}")
+        if window_ns is not None and window_ns <= 0:
+            raise ValueError(f"window_ns must be positive or None, not {window_ns}")
         self._lock = threading.Lock()
-        self._events: deque[Event] = deque(maxlen=max_events)
-        self._segments: deque[Segment] = deque(maxlen=max_events)
+        self.max_events = max_events
+        self.window_ns = window_ns
+        self.hold_unsettled = hold_unsettled
+        self._events: deque[Event] = deque()
+        self._segments: deque[Segment] = deque()
         self.dropped = 0
+        self.segments_dropped = 0
+        self.total_events = 0
+        self.total_segments = 0
+        self._settled = 0  # segments ever derived that accounting has processed
         self.counts: Counter[str] = Counter()
         self.stall_ns: Counter[str] = Counter()
         self.stall_count: Counter[str] = Counter()
@@ -72,7 +97,7 @@ class Timeline:
     @classmethod
     def from_events(cls, events: list[Event]) -> Timeline:
         """A timeline holding every one of ``events`` (a recorded trace)."""
-        tl = cls(max_events=max(len(events), 1))
+        tl = cls(max_events=None)
         tl.extend(events)
         return tl
 
@@ -86,9 +111,8 @@ class Timeline:
         out: list[Segment] = []
         with self._lock:
             store, counts, derive = self._events, self.counts, self._derive
+            n = len(store)
             for ev in events:
-                if len(store) == store.maxlen:
-                    self.dropped += 1
                 store.append(ev)
                 counts[ev.kind.value] += 1
                 if ev.kind is EventKind.NODE_ASK or ev.kind is EventKind.NODE_DONE:
@@ -100,16 +124,76 @@ class Timeline:
                     self._account(seg)
                     self._segments.append(seg)
                 out.extend(new)
+            self.total_events += len(store) - n
+            self.total_segments += len(out)
+            self._evict()
         return out
+
+    def mark_settled(self, n_segments: int) -> None:
+        """Accounting has processed the first ``n_segments`` segments ever derived
+        (``total_segments`` at the time it took them); they may now leave the window."""
+        with self._lock:
+            self._settled = max(self._settled, min(n_segments, self.total_segments))
+            self._evict()
+
+    @property
+    def unsettled(self) -> int:
+        """Segments derived but not yet marked settled (0 unless ``hold_unsettled``)."""
+        return self.total_segments - self._settled if self.hold_unsettled else 0
+
+    def _evict(self) -> None:
+        """Drop what is outside the window (lock held)."""
+        store, cap, window = self._events, self.max_events, self.window_ns
+        if not store:
+            return
+        oldest_kept = store[-1].t_ns - window if window is not None else None
+        while store and (
+            (cap is not None and len(store) > cap)
+            or (oldest_kept is not None and store[0].t_ns < oldest_kept)
+        ):
+            store.popleft()
+            self.dropped += 1
+        segs = self._segments
+        first = self.total_segments - len(segs)  # index of segs[0] among all segments
+        settled = self._settled if self.hold_unsettled else self.total_segments
+        while (
+            segs
+            and first < settled
+            and (
+                (cap is not None and len(segs) > cap)
+                or (oldest_kept is not None and segs[0].t_ns + segs[0].dur_ns < oldest_kept)
+            )
+        ):
+            segs.popleft()
+            first += 1
+            self.segments_dropped += 1
 
     # -- reading ---------------------------------------------------------------
     def events(self) -> list[Event]:
+        """The retained window of events, oldest first."""
         with self._lock:
             return list(self._events)
 
     def segments(self) -> list[Segment]:
+        """The retained window of segments, oldest first."""
         with self._lock:
             return list(self._segments)
+
+    def window(self) -> dict[str, int | bool | None]:
+        """What the retained window holds and how much has left it."""
+        with self._lock:
+            return {
+                "max_events": self.max_events,
+                "window_ns": self.window_ns,
+                "events": len(self._events),
+                "segments": len(self._segments),
+                "events_dropped": self.dropped,
+                "segments_dropped": self.segments_dropped,
+                "total_events": self.total_events,
+                "total_segments": self.total_segments,
+                "unsettled_segments": self.unsettled,
+                "complete": self.dropped == 0 and self.segments_dropped == 0,
+            }
 
     def __len__(self) -> int:
         return len(self._events)
@@ -119,12 +203,21 @@ class Timeline:
 
     def stall_totals(self) -> dict[str, dict[str, float]]:
         with self._lock:
+            return self._stall_totals()
+
+    def _stall_totals(self) -> dict[str, dict[str, float]]:
+        return {
+            k.value: {"count": self.stall_count[k.value], "total_ms": self.stall_ns[k.value] / 1e6}
+            for k in StallKind
+        }
+
+    def totals(self) -> dict[str, Any]:
+        """Every running total at one instant (safe while the producer appends)."""
+        with self._lock:
             return {
-                k.value: {
-                    "count": self.stall_count[k.value],
-                    "total_ms": self.stall_ns[k.value] / 1e6,
-                }
-                for k in StallKind
+                "events": dict(self.counts),
+                "kernels": {"count": self.kernel_count, "total_ms": self.kernel_ns / 1e6},
+                "stalls": self._stall_totals(),
             }
 
     # -- derivation ------------------------------------------------------------

@@ -12,20 +12,31 @@ What it relies on:
   ``app._llama_proxy`` (the proxy class is looked up by name in ``app`` at that moment);
 * ``LlamaProxy.load_llama_from_model_settings(settings)`` constructs the model as
   ``llama_cpp.Llama(...)``, looking ``llama_cpp`` up in ``model``'s globals at call time;
-* ``LlamaProxy._current_model`` / ``_current_model_alias`` name the loaded model;
+* ``LlamaProxy._current_model`` / ``_current_model_alias`` name the loaded model, and
+  ``__call__(name)`` serves ``_default_model_alias`` for a name not in
+  ``_model_settings_dict``;
+* ``Llama._model.vocab`` is the model's ``llama_vocab`` pointer (grammar check);
 * ``app.authenticate`` is the API-key dependency of every route;
 * ``errors.RouteErrorHandler.error_message_wrapper`` formats OpenAI-style errors from
-  its class attribute ``pattern_and_formatters``.
+  its class attribute ``pattern_and_formatters``;
+* the streaming routes call the module global ``app.get_event_publisher(request=,
+  inner_send_chan=, body=, body_model=, llama_call=, kwargs=)`` (looked up at request
+  time), which takes the model lock (``get_llama_proxy``), prepares the call
+  (``prepare_request_resources``) and sends SSE ``data`` dicts; ``llama_outer_lock``
+  is held by a request waiting for the model. ``build_llama_app`` installs
+  ``stream_publisher`` in its place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import llama_cpp
 import llama_cpp.server.app as _app
 import llama_cpp.server.model as _model
@@ -42,6 +53,7 @@ from llama_cpp.server.types import (
     TokenizeInputRequest,
 )
 from pydantic import BaseModel
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +92,9 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
 }
 # Routes that take a model name and fall back to the default model for unknown ones.
 ROUTES_WITH_MODEL = frozenset(REQUEST_MODELS) - {"/v1/engines/copilot-codex/completions"}
+GENERATION_ROUTES = frozenset(
+    {"/v1/completions", "/v1/engines/copilot-codex/completions", "/v1/chat/completions"}
+)
 
 LlamaClassFor = Callable[[ModelSettings], type[llama_cpp.Llama]]
 
@@ -120,6 +135,63 @@ def _served_proxy(llama_class_for: LlamaClassFor) -> type[LlamaProxy]:
     return ServedLlamaProxy
 
 
+INTERRUPTED = {
+    "message": "stream interrupted: another request arrived and the server runs with "
+    "--interrupt-requests true (start it without that flag to queue requests instead)",
+    "type": "server_error",
+    "param": None,
+    "code": "request_interrupted",
+}
+
+
+async def stream_publisher(
+    request: Any,
+    inner_send_chan: Any,
+    body: CreateCompletionRequest | CreateChatCompletionRequest,
+    body_model: str | None,
+    llama_call: Callable[..., Any],
+    kwargs: dict[str, Any],
+) -> None:
+    """llama-cpp-python's stream publisher, except that a stream never ends silently
+    cut short: an interrupted stream (``--interrupt-requests true``) or a failure after
+    the first event ends with an SSE ``{"error": {...}}`` event (OpenAI clients raise
+    it) instead of ``[DONE]`` or a broken connection. A failure before the first event
+    propagates, so the response gets a proper HTTP status."""
+    settings = next(_app.get_server_settings())
+    interrupt = bool(settings is not None and settings.interrupt_requests)
+    async with contextlib.asynccontextmanager(_app.get_llama_proxy)() as llama_proxy:
+        llama = _app.prepare_request_resources(body, llama_proxy, body_model, kwargs)
+        async with inner_send_chan:
+            iterator: Any = None
+            sent = 0
+            try:
+                iterator = await run_in_threadpool(llama_call, llama, **kwargs)
+                async for chunk in iterate_in_threadpool(iterator):
+                    await inner_send_chan.send({"data": json.dumps(chunk)})
+                    sent += 1
+                    if await request.is_disconnected():
+                        raise anyio.get_cancelled_exc_class()()
+                    if interrupt and _app.llama_outer_lock.locked():
+                        await inner_send_chan.send({"data": json.dumps({"error": INTERRUPTED})})
+                        log.info("stream interrupted by a waiting request")
+                        return
+                await inner_send_chan.send({"data": "[DONE]"})
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as e:
+                if sent == 0:
+                    raise
+                log.exception("stream failed after %d events", sent)
+                _, err = format_route_error(e, body)
+                await inner_send_chan.send({"data": json.dumps({"error": err})})
+            finally:
+                # End generation (and its engine request) before the model lock goes.
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    with anyio.CancelScope(shield=True), contextlib.suppress(ValueError):
+                        await run_in_threadpool(close)
+
+
 def build_llama_app(
     server_settings: ServerSettings,
     model_settings: list[ModelSettings],
@@ -133,6 +205,7 @@ def build_llama_app(
         app: FastAPI = _app.create_app(
             server_settings=server_settings, model_settings=model_settings
         )
+    _app.get_event_publisher = stream_publisher
     return app
 
 
@@ -151,6 +224,32 @@ def loaded_model() -> tuple[str | None, llama_cpp.Llama | None]:
     if p is None:
         return None, None
     return getattr(p, "_current_model_alias", None), getattr(p, "_current_model", None)
+
+
+def model_for(name: Any, path: str) -> llama_cpp.Llama | None:
+    """The loaded model if a request for ``name`` on ``path`` is served by it (as the
+    proxy resolves names: unknown ones get the default model), else None."""
+    p = proxy()
+    if p is None:
+        return None
+    if path == "/v1/engines/copilot-codex/completions":
+        name = "copilot-codex"
+    known = getattr(p, "_model_settings_dict", {})
+    alias = name if isinstance(name, str) and name in known else p._default_model_alias
+    current = getattr(p, "_current_model", None)
+    return current if alias == getattr(p, "_current_model_alias", None) else None
+
+
+def grammar_compiles(llm: llama_cpp.Llama, grammar: str) -> bool:
+    """Whether llama.cpp parses this GBNF grammar (llama-cpp-python would otherwise put
+    a NULL sampler in its chain and crash)."""
+    sampler = llama_cpp.llama_sampler_init_grammar(
+        llm._model.vocab, grammar.encode("utf-8"), b"root"
+    )
+    if not sampler:
+        return False
+    llama_cpp.llama_sampler_free(sampler)
+    return True
 
 
 def free_models() -> None:
@@ -172,6 +271,7 @@ def format_route_error(error: Exception, body: BaseModel | None) -> tuple[int, d
 
 
 __all__ = [
+    "GENERATION_ROUTES",
     "REQUEST_MODELS",
     "ROUTES_WITH_MODEL",
     "SUPPORTED_TEXT",
@@ -182,8 +282,11 @@ __all__ = [
     "build_llama_app",
     "format_route_error",
     "free_models",
+    "grammar_compiles",
     "loaded_model",
     "model_aliases",
+    "model_for",
     "parse_model_from_args",
     "proxy",
+    "stream_publisher",
 ]

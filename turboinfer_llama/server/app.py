@@ -1,5 +1,10 @@
 """Our server: llama-cpp-python's app and routes serving our ``Llama``, plus
-``GET /v1/power``, ``GET /metrics``, request checks and per-response energy headers."""
+``GET /v1/power``, ``GET /metrics``, request checks and per-request energy.
+
+``/v1/power`` and ``/metrics`` read settled figures only (``PowerSession.stats(
+settle=False)``): they never decode, replay or wait for the accounting worker, so they
+answer at once, also right after a burst of requests. What is not settled yet shows
+as ``accounting.settled: false`` and per request as ``energy_status: "pending"``."""
 
 from __future__ import annotations
 
@@ -20,14 +25,18 @@ from .settings import TurboModelSettings, TurboServerSettings
 log = logging.getLogger(__name__)
 
 
-def _llama_class_for(settings: adapter.ModelSettings) -> type:
-    if not isinstance(settings, TurboModelSettings):
-        raise TypeError(f"expected TurboModelSettings, got {type(settings).__name__}")
-    return served_llama_class(
-        settings.power_saving,
-        settings.power_settings(),
-        gpu_layers_set="n_gpu_layers" in settings.model_fields_set,
-    )
+def _llama_class_for(ledger: RequestLedger) -> adapter.LlamaClassFor:
+    def llama_class_for(settings: adapter.ModelSettings) -> type:
+        if not isinstance(settings, TurboModelSettings):
+            raise TypeError(f"expected TurboModelSettings, got {type(settings).__name__}")
+        return served_llama_class(
+            settings.power_saving,
+            settings.power_settings(),
+            ledger,
+            gpu_layers_set="n_gpu_layers" in settings.model_fields_set,
+        )
+
+    return llama_class_for
 
 
 def power_report(ledger: RequestLedger) -> dict[str, Any]:
@@ -45,6 +54,8 @@ def power_report(ledger: RequestLedger) -> dict[str, Any]:
             "engine_requests": r["requests"],
             "engine_open": r["open_requests"],
             "tokens": r["tokens"],
+            "energy_settled": ledger.settled_requests,
+            "energy_pending": ledger.pending(),
             "recent": ledger.recent(),
         },
     }
@@ -86,7 +97,7 @@ def create_app(
 ) -> FastAPI:
     """Build the app and load the default model (its power session opens the device)."""
     ledger = RequestLedger()
-    app = adapter.build_llama_app(server_settings, list(model_settings), _llama_class_for)
+    app = adapter.build_llama_app(server_settings, list(model_settings), _llama_class_for(ledger))
     app.title = "turboinfer-llama (llama.cpp Python API with power saving)"
     app.include_router(_power_router(ledger))
     app.add_middleware(
@@ -94,6 +105,7 @@ def create_app(
         api_key=server_settings.api_key,
         max_body_bytes=server_settings.max_request_bytes,
         ledger=ledger,
+        strict_model=server_settings.strict_model,
     )
     _free_models_on_shutdown(app)
     return app

@@ -1,15 +1,22 @@
 """ASGI middleware in front of llama-cpp-python's routes: bad requests get 4xx JSON,
-responses get energy headers, and every model request is recorded in the ledger.
+responses get a request id, and every model request is recorded in the ledger.
 
 llama-cpp-python's route error handler answers malformed JSON and wrongly typed fields
-with a 500, and serves the default model for any unknown model name; this checks the
-body against the same request models first. A streaming response's start is held
+with a 500; this checks the body against the same request models first. Like
+llama-cpp-python, any model name is served by the loaded model; with ``strict_model``
+an unknown name gets 404 ``model_not_found``. A streaming response's start is held
 until its first event, so an error raised before any token (an over-long prompt) can
 still be answered with a proper status instead of a broken stream.
+
+Energy header: ``X-TurboInfer-Energy-J`` carries only energy already settled when the
+response headers leave. Energy is settled after the request, off the request path, so
+with the simulated GPU the header is never sent; read the request's ``energy_j`` in
+``/v1/power`` by its ``X-TurboInfer-Request-Id``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -22,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._clock import now_ns
-from . import adapter
+from . import adapter, validation
 from .metering import CURRENT_REQUEST, RequestLedger, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -99,12 +106,14 @@ class RequestGuard:
         max_body_bytes: int,
         ledger: RequestLedger,
         model_names: Callable[[], list[str]] = adapter.model_aliases,
+        strict_model: bool = False,
     ) -> None:
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.ledger = ledger
         self.model_names = model_names
+        self.strict_model = strict_model
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -153,6 +162,8 @@ class RequestGuard:
             await _respond(send, status, body)
             return
         parsed = json.loads(raw)
+        if validation.null_means_default(path, parsed):
+            raw = json.dumps(parsed).encode()
         await self._forward(scope, receive, send, raw, model_cls, path, parsed)
 
     def _authorized(self, authorization: str) -> bool:
@@ -175,12 +186,17 @@ class RequestGuard:
         except ValidationError as e:
             message, param = _validation_message(e)
             return 400, _error(message, "invalid_value", param)
+        found = validation.problem(path, data)
+        if found is not None:
+            param, message = found
+            return 400, _error(f"invalid request: {param}: {message}", "invalid_value", param)
         model = data.get("model")
-        if path in adapter.ROUTES_WITH_MODEL and model is not None:
+        if self.strict_model and path in adapter.ROUTES_WITH_MODEL and model is not None:
             names = self.model_names()
             if model not in names:
                 return 404, _error(
-                    f"The model `{model}` does not exist; this server has: {', '.join(names)}",
+                    f"The model `{model}` does not exist; this server has: "
+                    f"{', '.join(names)} (--strict-model is on)",
                     "model_not_found",
                     "model",
                 )
@@ -227,9 +243,10 @@ class RequestGuard:
                     message["headers"] = list(message.get("headers", [])) + extra
                     held.append(message)
                     return
-                if rec.energy_j is not None:
+                if rec.energy_status == "settled" and rec.energy_j is not None:
+                    # Only what is settled already (never with the simulated GPU, which
+                    # settles after the request); nothing waits for it.
                     extra.append((ENERGY_HEADER.encode(), f"{rec.energy_j:.6g}".encode()))
-                if rec.simulated is not None:
                     extra.append((SIMULATED_HEADER.encode(), str(rec.simulated).lower().encode()))
                 message["headers"] = list(message.get("headers", [])) + extra
                 state["started"] = True
@@ -255,9 +272,13 @@ class RequestGuard:
 
         token = CURRENT_REQUEST.set(rec)
         outcome = "error"
+        _, llm = adapter.loaded_model()
+        power = getattr(llm, "power", None)
+        busy = power.busy() if power is not None else contextlib.nullcontext()
         try:
-            await self.app(scope, replay, labelled)
-            await flush()
+            with busy:  # the session's deferred work waits until this response is out
+                await self.app(scope, replay, labelled)
+                await flush()
             outcome = "ok" if state["complete"] else "cancelled"
         except Exception as e:  # answered below if nothing was sent yet
             if state["started"]:

@@ -18,6 +18,8 @@ from ..settings import PowerSettings
 from .adapter import ModelSettings, ServerSettings
 
 POWER_ENV_PREFIX = "TURBOINFER_"
+# About 10 gemma-3-270m tokens at graph granularity (~800 node events per token).
+SERVER_TIMELINE_MAX_EVENTS = 8_192
 
 _POWER_SAVING = Field(
     default=True,
@@ -50,6 +52,13 @@ class _EnvSubset(EnvSettingsSource):
 
 class TurboModelSettings(ModelSettings, PowerFields):  # type: ignore[misc, valid-type]
     """One served model: llama-cpp-python's model settings plus the power settings."""
+
+    timeline_max_events: int = Field(
+        default=SERVER_TIMELINE_MAX_EVENTS,
+        gt=0,
+        description=str(PowerSettings.model_fields["timeline_max_events"].description)
+        + " A server keeps a small window by default, so its memory stays flat.",
+    )
 
     device: str = Field(
         default="auto",
@@ -94,6 +103,18 @@ class TurboServerSettings(ServerSettings):
         default=8 << 20,
         gt=0,
         description="Largest request body accepted; bigger ones get 413.",
+    )
+    interrupt_requests: bool = Field(
+        default=False,
+        description="False (default): concurrent requests queue for the model and every "
+        "stream runs to its end. True (llama-cpp-python's default): a new request "
+        "interrupts the running stream, which then ends with an explicit error event "
+        "(code request_interrupted), never a silently truncated body.",
+    )
+    strict_model: bool = Field(
+        default=False,
+        description="False (default, as llama-cpp-python): any model name is served by "
+        "the loaded model. True: an unknown model name gets 404 model_not_found.",
     )
 
 

@@ -1,8 +1,10 @@
 """Read a model's power figures for ``/v1/power``, ``/metrics`` and the energy headers.
 
-Everything comes from ``PowerSession.stats()`` (whose ``energy`` entry is
-``PowerSession.energy()``, the live device/controller summary). Keys that the session
-does not report come back as None, never as an error. Keys read, first one present wins:
+Everything comes from ``PowerSession.stats(settle=False)``: the figures the session's
+worker has already derived and settled, read at once. Nothing here decodes, replays or
+waits (the request path and these endpoints never pay for accounting). Keys that the
+session does not report come back as None, never as an error. Keys read, first one
+present wins:
 
 * device:     ``energy.device`` | ``device.name`` | ``device`` (a string),
               ``energy.simulated`` | ``device.simulated`` | ``simulated``,
@@ -12,13 +14,15 @@ does not report come back as None, never as an error. Keys read, first one prese
               ``energy.health.ok`` | ``energy.health.healthy`` | ``controller.healthy``,
               ``energy.health.last_error`` | ``controller.last_error``,
               ``energy.switches`` | ``controller.switches`` | ``switches``
-* energy:     ``energy.energy_j`` | ``energy`` (a number) | ``energy_j`` |
-              ``PowerSession.energy()`` (a number, or a dict/object with ``energy_j``),
+* energy:     ``energy.energy_j`` | ``energy`` (a number) | ``energy_j``,
               ``energy.default_energy_j`` | ``energy.baseline_j``, ``energy.saved_j``
               (else baseline - energy), ``energy.saving_fraction``,
               ``energy.energy_per_token_j``, ``energy.recent_requests`` (a list)
-* counts:     ``requests``, ``tokens``, ``events.request_begin``, ``events.request_end``,
+* counts:     ``requests``, ``tokens``, ``in_flight`` | ``events.request_begin`` -
+              ``events.request_end``,
               ``stalls``, ``hook``
+* settling:   ``energy.accounting`` (settled requests, unsettled segments, CPU ms per
+              token), ``timeline`` (the retained window)
 """
 
 from __future__ import annotations
@@ -46,24 +50,12 @@ def _first(d: Any, *paths: str, kind: type | tuple[type, ...] = (int, float)) ->
     return None
 
 
-def _energy_call(power: Any) -> float | None:
-    fn = getattr(power, "energy", None)
-    if not callable(fn):
-        return None
-    v = fn()
-    if isinstance(v, dict):
-        v = v.get("energy_j")
-    elif not isinstance(v, (int, float)):
-        v = getattr(v, "energy_j", None)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def stats_of(power: Any) -> tuple[dict[str, Any], str | None]:
-    """``power.stats()`` and None, or ({}, the error) if it could not be read."""
+    """``power.stats(settle=False)`` and None, or ({}, the error) if it could not be read."""
     if power is None:
         return {}, None
     try:
-        st = power.stats()
+        st = power.stats(settle=False)
     except Exception as e:  # telemetry must never take the server down
         log.warning("power stats unavailable: %s", e)
         return {}, f"{type(e).__name__}: {e}"
@@ -79,16 +71,14 @@ def energy_reading(
     if st is None:
         st, _ = stats_of(power)
     energy = _first(st, "energy.energy_j", "energy", "energy_j")
-    if energy is None:
-        try:
-            energy = _energy_call(power)
-        except Exception as e:  # an optional method; report None
-            log.debug("power.energy() failed: %s", e)
     simulated = _first(st, "energy.simulated", "device.simulated", "simulated", kind=bool)
     return (float(energy) if energy is not None else None), simulated
 
 
 def _open_requests(st: dict[str, Any]) -> int | None:
+    live = _first(st, "in_flight", kind=int)
+    if live is not None:
+        return live
     begun = _first(st, "events.request_begin", kind=int)
     if begun is None:
         return None
@@ -143,5 +133,7 @@ def power_report(power: Any) -> dict[str, Any]:
         "open_requests": _open_requests(st),
         "stalls": st.get("stalls"),
         "hook": st.get("hook"),
+        "accounting": _get(st, "energy.accounting"),
+        "timeline": st.get("timeline"),
         "stats_error": error,
     }

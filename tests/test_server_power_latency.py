@@ -1,0 +1,177 @@
+"""``/v1/power`` and ``/metrics`` read settled figures only: neither they nor the
+request path ever decode the timeline or replay the accounting; only the session's
+worker does, once the server is quiet.
+
+The app runs in-process (``TestClient``) so the settling code can be instrumented:
+every call of the replay and of the timeline derivation records its thread. The
+worker is held off (a quiet period of an hour) during the load, so the GETs right
+after it meet a full backlog; then it is let go and settles everything. Latencies
+are printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from test_server_support import MODEL
+
+from turboinfer_llama import live
+from turboinfer_llama.server import adapter
+from turboinfer_llama.server.app import create_app
+from turboinfer_llama.server.settings import TurboModelSettings, TurboServerSettings
+from turboinfer_llama.session import PowerSession
+
+WORKER = "turboinfer-timeline"
+GREEDY = {"temperature": 0.0, "seed": 1, "max_tokens": 12}
+
+
+@pytest.fixture
+def served(tiny_gguf, monkeypatch):
+    calls: list[tuple[str, str]] = []
+    real_replay = live.replay
+    real_materialize = PowerSession.materialize
+
+    def spy_replay(*args, **kwargs):
+        calls.append(("replay", threading.current_thread().name))
+        return real_replay(*args, **kwargs)
+
+    def spy_materialize(self, **kwargs):
+        calls.append(("materialize", threading.current_thread().name))
+        return real_materialize(self, **kwargs)
+
+    monkeypatch.setattr(live, "replay", spy_replay)
+    monkeypatch.setattr(PowerSession, "materialize", spy_materialize)
+    monkeypatch.setattr(PowerSession, "SETTLE_QUIET_NS", 3600 * 10**9)
+    server = TurboServerSettings(port=0)
+    model = TurboModelSettings(
+        model=str(tiny_gguf),
+        model_alias=MODEL,
+        n_ctx=512,
+        n_threads=1,
+        n_threads_batch=1,
+        verbose=False,
+        device="sim",
+    )
+    app = create_app(server, [model])
+    with TestClient(app) as client:
+        yield client, calls
+
+
+def _timed_get(client: TestClient, path: str) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    r = client.get(path)
+    ms = (time.perf_counter() - t0) * 1e3
+    assert r.status_code == 200
+    return ms, (r.json() if path == "/v1/power" else r.text)
+
+
+def test_power_and_metrics_never_settle(served):
+    client, calls = served
+    ids = []
+    for i in range(6):
+        body = {"model": MODEL, "prompt": f"hello {i} the world", "stream": i % 2 == 1, **GREEDY}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200
+        ids.append(r.headers["x-turboinfer-request-id"])
+        assert "x-turboinfer-energy-j" not in r.headers
+    # Every response above came back with nothing settled: the request path did not
+    # wait for accounting.
+    assert not [c for c in calls if c[0] == "replay"]
+
+    ms_power, doc = _timed_get(client, "/v1/power")
+    ms_metrics, _ = _timed_get(client, "/metrics")
+    print(f"\nright after load: /v1/power {ms_power:.1f} ms, /metrics {ms_metrics:.1f} ms")
+    assert isinstance(doc, dict)
+    assert doc["accounting"]["settled"] is False
+    assert doc["accounting"]["pending_items"] + doc["accounting"]["unsettled_segments"] > 0
+    recent = {r["id"]: r for r in doc["requests"]["recent"]}
+    assert all(recent[i]["energy_status"] == "pending" for i in ids)
+    assert all(recent[i]["energy_j"] is None for i in ids)
+    # Only the worker ever derived or replayed anything.
+    assert {thread for _, thread in calls} <= {WORKER}
+
+    # Let the worker settle (as it does once the server is quiet).
+    _, llm = adapter.loaded_model()
+    assert llm is not None and llm.power is not None
+    llm.power.SETTLE_QUIET_NS = 0
+    deadline = time.monotonic() + 60
+    while True:
+        ms, doc = _timed_get(client, "/v1/power")
+        assert isinstance(doc, dict)
+        if doc["accounting"]["settled"]:
+            break
+        assert time.monotonic() < deadline, doc["accounting"]
+        time.sleep(0.05)
+    print(f"settled: /v1/power {ms:.1f} ms")
+    recent = {r["id"]: r for r in doc["requests"]["recent"]}
+    for i in ids:
+        assert recent[i]["energy_status"] == "settled"
+        assert recent[i]["energy_j"] > 0 and recent[i]["simulated"] is True
+    assert doc["requests"]["energy_settled"] >= len(ids)
+    replays = [thread for what, thread in calls if what == "replay"]
+    assert replays and set(replays) == {WORKER}
+    assert {thread for _, thread in calls} == {WORKER}
+    # The server-wide figure is the sum of the settled requests (simulated).
+    assert doc["energy"]["energy_j"] == pytest.approx(
+        sum(recent[i]["energy_j"] for i in ids), rel=1e-9
+    )
+
+
+def test_settling_pauses_while_a_request_runs(tiny_gguf, monkeypatch):
+    """Settling replays kernel by kernel; before each kernel it waits while a request
+    runs. Count the kernels replayed while a request was in flight: at most one per
+    request (the one under way when it started), against thousands replayed overall."""
+    from turboinfer_llama import Llama
+
+    seen = {"during": 0, "total": 0}
+    real = live._Gated.run_kernel
+
+    def counting(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        seen["total"] += 1
+        if power._in_flight > 0:
+            seen["during"] += 1
+        return out
+
+    monkeypatch.setattr(live._Gated, "run_kernel", counting)
+    with Llama(model_path=str(tiny_gguf), n_ctx=256, verbose=False, power={"device": "sim"}) as llm:
+        power = llm.power
+        assert power is not None
+        power.SETTLE_QUIET_NS = 0  # settle in every gap between requests
+        n = 12
+        for i in range(n):
+            llm.create_completion(f"hello {i}", max_tokens=24, temperature=0.0)
+            time.sleep(0.002)  # a gap: the worker starts settling
+        deadline = time.monotonic() + 60
+        while not power.stats(settle=False)["energy"]["accounting"]["settled"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    print(f"\nkernels replayed: {seen['total']}, while a request ran: {seen['during']}")
+    assert seen["total"] > 100 * n
+    assert seen["during"] <= n
+
+
+def test_busy_holds_deferred_work_until_the_response_is_out(tiny_gguf):
+    """A server marks each model request busy from its arrival to its last byte; the
+    worker neither decodes nor settles meanwhile, and does both once it is over."""
+    from turboinfer_llama import Llama
+
+    with Llama(model_path=str(tiny_gguf), n_ctx=256, verbose=False, power={"device": "sim"}) as llm:
+        power = llm.power
+        assert power is not None
+        power.SETTLE_QUIET_NS = 3600 * 10**9  # nothing starts before busy() below
+        llm.create_completion("hello the world", max_tokens=16, temperature=0.0)
+        with power.busy():
+            power.SETTLE_QUIET_NS = 0  # the worker would go at once, but for busy()
+            time.sleep(1.5)
+            acc = power.stats(settle=False)["energy"]["accounting"]
+            assert acc["settled"] is False and acc["settled_requests"] == 0
+            assert acc["pending_items"] > 0  # not even decoded
+        deadline = time.monotonic() + 60
+        while not power.stats(settle=False)["energy"]["accounting"]["settled"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert power.stats(settle=False)["energy"]["accounting"]["settled_requests"] == 1

