@@ -274,3 +274,106 @@ def test_hostgaps_script_rows(raw) -> None:
         out[0]["decode_mean_mhz"]
         > out[1]["decode_mean_mhz"] / out[1]["top_mhz"] * out[0]["top_mhz"]
     )
+
+
+# ---- the live loop's switches placed on the recording ------------------------------
+
+
+def _per_kernel_reference(raw, p, issued: list[tuple[int, int]]) -> SimGpu:
+    """The per-kernel path for switches issued at host times on the recording: walk
+    the phone's segments kernel by kernel (``run_gap`` / ``run_kernel``); a switch
+    issued inside a submit, sample or idle stall lands at the same fraction of it, one
+    issued elsewhere as the host reaches the next launched kernel."""
+    from turboinfer_llama.engine.graph import cost
+
+    phone = phone_segments(raw, p)
+    rec_dur = {(s.t_ns, s.stall): s.dur_ns for s in raw if s.kind == "stall"}
+    dev = SimGpu(p, governor=None)
+    todo = sorted(issued)
+    q = 0
+    for s in phone:
+        if s.kind == "kernel" or s.stall is StallKind.INTER_KERNEL:
+            if s.kind == "kernel" and cost(s.op, s.shape).is_noop:
+                continue
+            while q < len(todo) and todo[q][0] <= s.t_ns:
+                dev.set_hz(todo[q][1])
+                q += 1
+            if s.kind == "kernel":
+                c = cost(s.op, s.shape)
+                dev.run_kernel(s.op, c.flops, c.bytes, phase=s.phase)
+            else:
+                dev.run_gap(s.dur_ns, kind="inter_kernel", phase=s.phase)
+            continue
+        rec = rec_dur[(s.t_ns, s.stall)]
+        start = dev.now_ns()
+        end = start + s.dur_ns
+        first = True
+        while q < len(todo) and todo[q][0] < s.t_ns + rec:
+            at = start + round(max(todo[q][0] - s.t_ns, 0) * s.dur_ns / max(rec, 1))
+            if first:
+                dev.run_gap(at - dev.now_ns(), kind=s.stall.value, phase=s.phase)
+                first = False
+            else:
+                dev.advance_to(at, phase=s.phase)
+            dev.set_hz(todo[q][1])
+            q += 1
+        if first:
+            dev.run_gap(end - dev.now_ns(), kind=s.stall.value, phase=s.phase)
+        else:
+            dev.advance_to(end, phase=s.phase)
+    while q < len(todo):
+        dev.set_hz(todo[q][1])
+        q += 1
+    return dev
+
+
+def _issued_across(raw, p, n: int, seed: int) -> list[tuple[int, int]]:
+    """``n`` switches at host times spread over the recording: inside kernels,
+    recorded gaps and every kind of stall, plus one before the start."""
+    import random
+
+    rng = random.Random(seed)
+    t0 = raw[0].t_ns
+    t1 = raw[-1].t_ns + raw[-1].dur_ns
+    times = sorted(rng.randrange(t0, t1) for _ in range(n))
+    stalls = [s for s in raw if s.stall in (StallKind.SAMPLE, StallKind.SUBMIT)]
+    times += [s.t_ns + s.dur_ns // 3 for s in rng.sample(stalls, 4)]  # mid-stall
+    times.append(t0 - 1_000)
+    return sorted((t, rng.choice(p.levels_hz)) for t in times)
+
+
+@pytest.mark.parametrize("profile", ["adreno650", "mali-g76"])
+def test_live_switches_placed_on_the_recording_match_the_per_kernel_path(raw, profile):
+    p = load_profile(profile)
+    issued = _issued_across(raw, p, 60, seed=1)
+    trace = PhoneTrace.build(raw, p)
+    sw = trace.place([t for t, _ in issued], [h for _, h in issued])
+    assert (sw.at_step >= 0).sum() >= 4 and (sw.at_kernel >= 0).sum() >= 10
+    acc = applied_energy(trace, p, sw)
+    ref = _per_kernel_reference(raw, p, issued)
+    assert acc.energy_j == pytest.approx(ref.energy_j, rel=TOL)
+    assert acc.duration_ns == pytest.approx(ref.now_ns(), rel=TOL)
+    assert acc.switches == ref.switches
+    for ph, e in ref.energy_by_phase_j.items():
+        assert acc.energy_by_phase_j[ph] == pytest.approx(e, rel=TOL)
+
+
+def test_placement_follows_the_recording_not_the_phone_clock(raw) -> None:
+    """A switch issued in a sample stall lands in that stall on the phone (where the
+    stall is scaled by the CPU factor), one issued mid-kernel before the next kernel."""
+    p = load_profile("mali-g76")
+    trace = PhoneTrace.build(raw, p)
+    sample = next(s for s in raw if s.stall is StallKind.SAMPLE)
+    kernels = [s for s in raw if s.kind == "kernel" and s.dur_ns > 2]
+    k = kernels[len(kernels) // 2]
+    sw = trace.place([sample.t_ns + sample.dur_ns // 2, k.t_ns + 1], [p.levels_hz[0]] * 2)
+    assert sw.at_step[0] >= 0 and sw.at_kernel[0] == -1
+    step = trace.steps[int(sw.at_step[0])]
+    assert step.kind == "sample"
+    assert sw.at_ns[0] == pytest.approx(step.dur_ns / 2, abs=2)
+    nxt = raw[raw.index(k) + 1 :]
+    follow = next(s for s in nxt if s.kind == "kernel" and (s.graph, s.node) in trace._index)
+    assert sw.at_kernel[1] == trace.kernel_index(follow.graph, follow.node)
+    # after the last segment: at the end (issued, no energy effect inside the run)
+    end = trace.place([raw[-1].t_ns + raw[-1].dur_ns + 5], [p.levels_hz[0]])
+    assert end.at_kernel[0] == trace.n_kernels

@@ -22,6 +22,7 @@ Every figure is simulated.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 import time
@@ -171,6 +172,15 @@ class PhoneTrace:
     n_kernels: int
     tokens: int
     _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    # per recorded segment (``build`` only): its start and length on the recording
+    # host's clock, the stall step it became (-1: none) and where a switch issued at
+    # its start lands (``_seg_at_step`` >= 0: that step's start, else kernel
+    # ``_seg_at_kernel``; ``n_kernels``: after the last kernel)
+    _seg_t_ns: np.ndarray | None = field(default=None, repr=False)
+    _seg_dur_ns: np.ndarray | None = field(default=None, repr=False)
+    _seg_step: np.ndarray | None = field(default=None, repr=False)
+    _seg_at_step: np.ndarray | None = field(default=None, repr=False)
+    _seg_at_kernel: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -194,6 +204,8 @@ class PhoneTrace:
         pending_gap = 0  # host_model=False: inter-kernel stall before the next kernel
         i = 0
         n = len(segs)
+        seg_step = [-1] * n  # the stall step a segment became
+        seg_kernel = [-1] * n  # the kernel index a segment became
         while i < n:
             s = segs[i]
             if s.request >= 0 and s.request != request and s.stall is not StallKind.IDLE:
@@ -206,6 +218,7 @@ class PhoneTrace:
                     if not host_model:
                         pending_gap += int(s.dur_ns)
                     continue  # else replaced by the host model
+                seg_step[i - 1] = len(steps)
                 if kind is StallKind.IDLE:
                     request = -1
                     steps.append(_Stall(int(s.dur_ns), kind.value, s.phase, -1))
@@ -253,6 +266,7 @@ class PhoneTrace:
                     work = costs[key] = (c.flops, c.bytes)
                 if work == (0, 0):
                     continue
+                seg_kernel[i - 1] = n_kernels + len(flops)
                 flops.append(work[0])
                 bytes_.append(work[1])
                 nodes.append(k.node)
@@ -277,7 +291,67 @@ class PhoneTrace:
                 )
             )
             n_kernels += len(flops)
-        return cls(profile.name, steps, request_begin, n_kernels, tokens, index)
+        out = cls(profile.name, steps, request_begin, n_kernels, tokens, index)
+        out._anchors(segs, seg_step, seg_kernel)
+        return out
+
+    def _anchors(self, segs: Sequence[Segment], step: list[int], kernel: list[int]) -> None:
+        """Where a switch issued at each recorded segment's start lands: a stall step's
+        start, or the next launched kernel (a dropped segment -- a recorded
+        inter-kernel gap, a no-op kernel -- takes the anchor of the one after it)."""
+        n = len(segs)
+        st = np.asarray(step, dtype=np.int64)
+        ke = np.asarray(kernel, dtype=np.int64)
+        has = (st >= 0) | (ke >= 0)
+        nxt = np.where(has, np.arange(n), n)
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]  # next segment with an anchor
+        st_x = np.append(st, -1)
+        ke_x = np.append(np.where(st >= 0, -1, ke), self.n_kernels)  # past the end
+        self._seg_t_ns = np.fromiter((x.t_ns for x in segs), dtype=np.int64, count=n)
+        self._seg_dur_ns = np.fromiter((x.dur_ns for x in segs), dtype=np.int64, count=n)
+        self._seg_step = st
+        self._seg_at_step = st_x[nxt]
+        self._seg_at_kernel = np.where(st_x[nxt] >= 0, -1, ke_x[nxt])
+
+    def place(self, t_ns: Sequence[int] | np.ndarray, freq_hz: Sequence[int]) -> Switches:
+        """Switches issued at host times ``t_ns`` (on the recording's clock, as the live
+        loop's executor logs them: ``Governor.applied_log``) anchored where they were
+        issued on the recorded timeline, so they keep their place when the phone's
+        host model re-times the run: one issued inside a stall (submit, sample, idle)
+        lands at the same fraction of that stall; one issued inside a kernel or a
+        recorded inter-kernel gap lands as the host reaches the next launched kernel
+        (never before it was issued); one before the first segment at the first, one
+        after the last at the end. ``build`` traces only."""
+        if self._seg_t_ns is None:
+            raise ValueError("place needs a trace made by PhoneTrace.build")
+        starts = self._seg_t_ns
+        assert self._seg_dur_ns is not None and self._seg_step is not None
+        assert self._seg_at_step is not None and self._seg_at_kernel is not None
+        t = np.asarray(t_ns, dtype=np.int64)
+        hz = np.asarray(freq_hz, dtype=np.int64)
+        if len(t) != len(hz):
+            raise ValueError("place: one frequency per switch time")
+        n = len(starts)
+        if n > 1 and bool((np.diff(starts) < 0).any()):
+            raise ValueError("place: the recorded segments are not in time order")
+        held = np.searchsorted(starts, t, side="right") - 1  # the segment t falls in
+        h = np.clip(held, 0, n - 1)
+        step_h = self._seg_step[h]
+        inside = (held >= 0) & (step_h >= 0) & (t < starts[h] + self._seg_dur_ns[h])
+        j = np.searchsorted(starts, t, side="left")  # the first segment from t on
+        jx = np.minimum(j, n)
+        at_step_x = np.append(self._seg_at_step, -1)
+        at_kernel_x = np.append(self._seg_at_kernel, self.n_kernels)
+        phone_dur = np.array(
+            [self.steps[k].dur_ns if k >= 0 else 0 for k in step_h.tolist()], dtype=np.float64
+        )
+        offset = (t - starts[h]) * phone_dur / np.maximum(self._seg_dur_ns[h], 1)
+        return Switches(
+            hz,
+            np.where(inside, np.rint(offset), 0).astype(np.int64),
+            np.where(inside, -1, at_kernel_x[jx]),
+            np.where(inside, step_h, at_step_x[jx]),
+        )
 
     @classmethod
     def empty(cls, profile: SimProfile) -> PhoneTrace:
@@ -343,12 +417,14 @@ class Switches:
     """Frequency switches a controller issued, in issue order. Each is anchored either
     at a virtual time (``at_ns``, on the simulated run's clock, 0 = its start) or at a
     kernel (``at_kernel``: issued as the host reaches that kernel, before its gap;
-    ``-1`` = use ``at_ns``). The device applies them after its switch latency and
-    minimum dwell, as ``set_hz`` does."""
+    ``n_kernels``: after the last; ``-1`` = use ``at_ns``) or ``at_ns`` after a
+    stall step begins (``at_step`` >= 0, ``PhoneTrace.place``). The device applies
+    them after its switch latency and minimum dwell, as ``set_hz`` does."""
 
     freq_hz: np.ndarray
     at_ns: np.ndarray
     at_kernel: np.ndarray
+    at_step: np.ndarray | None = None
 
     @classmethod
     def at_times(cls, t_ns: Sequence[int], freq_hz: Sequence[int]) -> Switches:
@@ -387,9 +463,10 @@ def _device(
     share: float,
     background: Sequence[tuple[int, float]],
 ) -> SimGpu:
-    """A fresh device for a profile; a given ``SimGpu`` as is, in userspace mode when
-    ``governor`` is None (as replay runs every controller but ``default``)."""
-    if isinstance(profile, SimGpu):
+    """A fresh device for a profile; a given ``SimGpu`` (or a stand-in for one) as is,
+    in userspace mode when ``governor`` is None (as replay runs every controller but
+    ``default``)."""
+    if not isinstance(profile, SimProfile):
         if governor is None:
             profile.governor = None
         return profile
@@ -420,13 +497,28 @@ def _run(
     # kernel starts
     timed: list[tuple[int, int, int]] = []
     by_kernel: dict[int, list[int]] = {}
+    by_step: dict[int, list[tuple[int, int, int]]] = {}  # step -> (offset, order, Hz)
     if switches is not None:
-        for j in range(len(switches.freq_hz)):
-            k = int(switches.at_kernel[j])
+        at_step = (
+            switches.at_step.tolist()
+            if switches.at_step is not None
+            else [-1] * len(switches.freq_hz)
+        )
+        for j, (hz, k, at, st) in enumerate(
+            zip(
+                switches.freq_hz.tolist(),
+                switches.at_kernel.tolist(),
+                switches.at_ns.tolist(),
+                at_step,
+                strict=True,
+            )
+        ):
             if k >= 0:
-                by_kernel.setdefault(k, []).append(int(switches.freq_hz[j]))
+                by_kernel.setdefault(k, []).append(hz)
+            elif st >= 0:
+                by_step.setdefault(st, []).append((at, j, hz))
             else:
-                timed.append((t_start + int(switches.at_ns[j]), j, int(switches.freq_hz[j])))
+                timed.append((t_start + at, j, hz))
     timed.sort()
     q = 0  # next timed instant
 
@@ -448,6 +540,8 @@ def _run(
         if req is not None:
             begin_ns[req] = dev.now_ns()
             token_ns.setdefault(req, [])
+        for at, j, hz in by_step.get(si, ()):
+            bisect.insort(timed, (dev.now_ns() + at, j, hz), lo=q)
         fire_due()
         if isinstance(step, _Stall):
             if phase_hz is not None and step.kind == "submit" and step.phase == "prefill":
@@ -491,6 +585,9 @@ def _run(
                     dev.set_hz(hz)
         if phase_hz is not None and step.phase == "prefill":
             dev.set_hz(phase_hz[1])
+    fire_due()
+    for hz in by_kernel.get(trace.n_kernels, ()):
+        dev.set_hz(hz)  # issued after the last kernel
     ttft: list[int] = []
     gaps: list[int] = []
     for req, times in token_ns.items():

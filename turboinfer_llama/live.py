@@ -3,13 +3,16 @@
 Two modes, chosen by the device:
 
 * **Simulated device** (the default, ``sim:<profile>``). There is no GPU to drive in
-  real time, so the session queues the segments the engine produced and, when figures
-  are asked for (``stats()``, ``energy()``), replays the completed requests through
-  the controller on the simulator in virtual time — the same code path as
-  ``turboinfer bench`` — and, in parallel, through the default governor on a shadow
-  simulator, for "energy saved vs default". Nothing of this runs on the decode path;
-  it costs tens of ms of CPU per token (per-kernel replay, twice), paid by whoever
-  asks for the figures. All its figures are simulated.
+  real time: the live loop (``control.governor.Governor`` on the recording actuator)
+  runs the controller while llama.cpp decodes and logs the switches it issues. The
+  session queues the segments the engine produced and, when settling (the server's
+  worker, ``stats()``, ``energy()``), accounts each finished request on the phone's
+  simulator with the arrays-based passes of ``accounting``: the energy of the
+  recorded timeline under the switches the loop actually issued (the controller is
+  not run again), and the same timeline under the device's default governor on a
+  shadow simulator, for "energy saved vs default". Nothing of this runs on the decode
+  path; it costs well under a millisecond of CPU per token. All its figures are
+  simulated.
 * **Real device** (kgsl, devfreq, kmod, adb). The controller runs in the producer's
   context through ``control.governor.Governor`` at the engine's Python event boundaries
   (decode begin/end, sample, token), and applies frequencies through the device.
@@ -24,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .control.applied import energy_on_timeline
+from .accounting import PhoneTrace, Switches, applied_energy, default_shadow
 from .control.factory import for_device, make_controller
 from .control.replay import replay
 from .devices import open_device
@@ -69,28 +72,40 @@ class _Gated:
         self._pause()
         return self._dev.run_gap(*args, **kwargs)
 
+    def run_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self._pause()
+        return self._dev.run_batch(*args, **kwargs)
+
 
 class SimulatedAccount:
-    """Controller + simulator in virtual time, fed with completed requests; and the
-    live loop on a recording executor, whose switches are accounted on the recorded
-    timeline (applied energy).
+    """The live loop on a recording executor, and the simulated accounting of what it
+    did: each finished request's recorded timeline, on the phone's host model, under
+    the switches the loop actually issued (``accounting.applied_energy``) and under
+    the device's default governor (``accounting.default_shadow``).
 
-    ``flush()`` (settling) replays the finished requests; ``summary(settle=False)``
-    returns the figures of the last settle without replaying or waiting for one, so
-    a reader (the server's ``/v1/power``) never pays for the replay. Settled
-    per-request figures go to ``recent`` and to every settled sink, keyed by the
-    engine's request index (``"request"``: the n-th ``generate`` of this session).
+    ``flush()`` (settling) accounts the finished requests; ``summary(settle=False)``
+    returns the figures of the last settle without settling or waiting for one, so
+    a reader (the server's ``/v1/power``) never pays for it. Settled per-request
+    figures go to ``recent`` and to every settled sink, keyed by the engine's request
+    index (``"request"``: the n-th ``generate`` of this session).
+
+    ``replay_check``: also replay each request through a fresh controller in
+    pass-through timing (per-kernel, tens of ms of CPU per token) and account its
+    switches like the live loop's, for ``replay_energy_per_token_j`` next to
+    ``applied_energy_per_token_j`` (issue 11: does live do what replay does?).
     """
 
-    def __init__(self, settings: PowerSettings, device: SimGpu) -> None:
+    def __init__(
+        self, settings: PowerSettings, device: SimGpu, *, replay_check: bool = True
+    ) -> None:
         from .control.governor import Governor
 
         self.device = device
         self.shadow = SimGpu(device.profile)
         kw = {**for_device(device), "latency_slack": settings.latency_slack}
+        # what the figures are labelled with; never run (the live loop runs its own)
         self.controller = make_controller(settings.controller, **kw)
-        self.baseline = make_controller("default", **for_device(self.shadow))
-        self._initial_level = device.frequencies_hz().index(device.current_hz())
+        self._device_governs = bool(getattr(self.controller, "uses_device_governor", False))
         # the loop that runs live: same controller kind, fresh state, switches recorded
         self.loop = Governor(
             make_controller(settings.controller, **kw),
@@ -99,6 +114,7 @@ class SimulatedAccount:
             granularity=settings.granularity,
             native=settings.native_hooks,
         ).start()
+        self.replay_check = replay_check
         self.pass_through = make_controller(settings.controller, **kw)
         self.applied_j = 0.0
         self.replay_pass_j = 0.0
@@ -110,14 +126,18 @@ class SimulatedAccount:
         self.received = 0  # segments handed to add() so far
         self._ready_upto = 0  # segments up to the last finished request
         self.settled_upto = 0  # segments processed by settling (in order)
+        self._applied_seen = 0  # entries of the loop's applied_log accounted so far
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
         self._settled_sinks: list[Callable[[dict[str, Any]], None]] = []
         self.tokens = 0
         self.requests = 0
         self.switches = 0
+        self.issued = 0  # switches the loop issued, as accounted
         self.virtual_s = 0.0
-        self.settle_cpu_ns = 0
-        self.decision_us: deque[float] = deque(maxlen=4096)
+        self.settle_cpu_ns = 0  # everything settling costs (the replay check included)
+        self.build_cpu_ns = 0  # recorded segments -> PhoneTrace (host model applied)
+        self.passes_cpu_ns = 0  # the applied-energy and default-shadow passes
+        self.check_cpu_ns = 0  # the replay check
         self.last_error: str | None = None
         self._final: dict[str, Any] | None = None
         self._published: dict[str, Any] = self._figures()
@@ -144,7 +164,7 @@ class SimulatedAccount:
             self.received += len(segments)
 
     def request_done(self) -> None:
-        """Everything pending belongs to finished requests: ready to replay."""
+        """Everything pending belongs to finished requests: ready to settle."""
         with self._lock:
             self._ready.extend(self._pending)
             self._pending = []
@@ -162,20 +182,18 @@ class SimulatedAccount:
     def flush(
         self, stop: Callable[[], bool] | None = None, pause: Callable[[], None] | None = None
     ) -> bool:
-        """Settle: replay the finished requests, one at a time. ``stop()`` is asked
+        """Settle: account the finished requests, one at a time. ``stop()`` is asked
         before each; when it says True the rest is left for later. ``pause()`` is
-        called before every simulated kernel and gap: it may block (holding the replay
-        where it is) or raise ``SettleAborted``. True when every finished request has
-        been settled."""
+        called before every simulated batch of kernels and every gap: it may block
+        (holding the pass where it is) or raise ``SettleAborted``. True when every
+        finished request has been settled."""
         with self._replay_lock:
             with self._lock:
                 ready, self._ready = self._ready, []
                 first = self._ready_upto - len(ready)  # index of ready[0] in received
             parts = _split_requests(ready)
-            applied: list[tuple[int, int]] = []
             if any(s.kind == "kernel" for s in ready):
                 self.loop.wait_idle()
-                applied = list(self.loop.applied_log)
             done = 0
             for i, part in enumerate(parts):
                 if stop is not None and stop():
@@ -184,61 +202,75 @@ class SimulatedAccount:
                         self._ready = rest + self._ready
                     return False
                 if any(s.kind == "kernel" for s in part):
-                    t0 = time.thread_time_ns()
-                    self._account_applied(part, applied)
-                    self.settle_cpu_ns += time.thread_time_ns() - t0
-                    self._settle_one(part, pause)
+                    # the loop's switches issued before this request's end (or the
+                    # next one's start): those of this request
+                    nxt = parts[i + 1][0].t_ns if i + 1 < len(parts) else None
+                    end = part[-1].t_ns + max(part[-1].dur_ns, 0) if nxt is None else nxt
+                    self._settle_one(part, self._issued_until(end), pause)
                 done += len(part)
                 self.settled_upto = first + done
             return True
 
-    def _account_applied(self, req: list[Segment], applied: list[tuple[int, int]]) -> None:
-        """Applied energy of the live loop's switches on this request's recorded
-        timeline, and a pass-through replay of the same request through a fresh
-        controller accounted alike (both simulated)."""
-        tokens = sum(1 for s in req if s.stall is StallKind.SAMPLE)
-        if not tokens:
-            return
-        got = energy_on_timeline(req, applied, self.device, initial_level=self._initial_level)
-        dev = SimGpu(self.device.profile)
-        try:
-            r = replay(req, self.pass_through, dev, timing="recorded")
-        except (DeviceError, ValueError) as e:
-            self.last_error = f"{type(e).__name__}: {e}"
-            return
-        self.applied_j += got.energy_j
-        self.replay_pass_j += r.energy_j
-        self.pass_tokens += tokens
+    def _issued_until(self, end_ns: int) -> list[tuple[int, int]]:
+        """The live loop's applied switches (host t_ns, Hz) not yet accounted, issued
+        before ``end_ns`` (the log is in issue order)."""
+        log = self.loop.applied_log
+        levels = self.loop.levels_hz
+        out: list[tuple[int, int]] = []
+        k = self._applied_seen
+        while k < len(log) and log[k][0] < end_ns:
+            t, level = log[k]
+            out.append((int(t), int(levels[level])))
+            k += 1
+        self._applied_seen = k
+        return out
 
-    def _settle_one(self, req: list[Segment], pause: Callable[[], None] | None) -> None:
+    def _settle_one(
+        self,
+        req: list[Segment],
+        issued: list[tuple[int, int]],
+        pause: Callable[[], None] | None,
+    ) -> None:
         t0 = time.thread_time_ns()
-        e0, b0 = self.device.energy_j, self.shadow.energy_j
+        profile = self.device.profile
         dev: Any = self.device if pause is None else _Gated(self.device, pause)
         shadow: Any = self.shadow if pause is None else _Gated(self.shadow, pause)
         try:
-            r = replay(req, self.controller, dev)
-            base = replay(req, self.baseline, shadow)
+            trace = PhoneTrace.build(req, profile)
+            t1 = time.thread_time_ns()
+            switches = trace.place([t for t, _ in issued], [hz for _, hz in issued])
+            if self._device_governs:  # the loop issues nothing: the governor decides
+                acc = default_shadow(trace, dev)
+            else:
+                acc = applied_energy(trace, dev, switches)
+            base = default_shadow(trace, shadow)
+            t2 = time.thread_time_ns()
         except (DeviceError, ValueError) as e:
             self.last_error = f"{type(e).__name__}: {e}"
             log.warning("simulated accounting skipped a request: %s", e)
-            return
-        finally:
             self.settle_cpu_ns += time.thread_time_ns() - t0
-        self.virtual_s += r.duration_s
-        self.tokens += r.tokens
-        self.requests += r.requests
-        self.switches += r.switches
-        self.decision_us.extend(r.decision_us)
+            return
+        self.build_cpu_ns += t1 - t0
+        self.passes_cpu_ns += t2 - t1
+        if self.replay_check and not self._device_governs:
+            self._check(req, trace, switches)
+        self.settle_cpu_ns += time.thread_time_ns() - t0
+        self.virtual_s += acc.duration_ns * 1e-9
+        self.tokens += acc.tokens
+        self.requests += 1
+        self.switches += acc.switches
+        self.issued += len(issued)
         record = {
             "request": next(s.request for s in req if s.kind == "kernel"),
-            "energy_j": self.device.energy_j - e0,
-            "default_energy_j": self.shadow.energy_j - b0,
-            "tokens": r.tokens,
-            "tpot_ms": r.tpot_ms,
+            "energy_j": acc.energy_j,
+            "default_energy_j": base.energy_j,
+            "tokens": acc.tokens,
+            "tpot_ms": acc.tpot_ms,
             "default_tpot_ms": base.tpot_ms,
+            "switches_issued": len(issued),
             "simulated": True,
         }
-        if r.tokens:
+        if acc.tokens:
             self.recent.append(record)
         self._published = self._figures()
         for sink in self._settled_sinks:
@@ -247,12 +279,45 @@ class SimulatedAccount:
             except Exception:  # a reader's bug must not stop accounting
                 log.exception("settled-request sink failed")
 
+    def _check(self, req: list[Segment], trace: PhoneTrace, live: Switches) -> None:
+        """The replay check: the request through a fresh controller in pass-through
+        timing (recorded durations, as live saw them), its switches placed on the
+        recording like the live loop's, both accounted alike on fresh userspace
+        devices (simulated), so the two figures differ only by the decisions."""
+        t0 = time.thread_time_ns()
+        try:
+            if not trace.tokens:
+                return
+            dev = SimGpu(self.device.profile)
+            issued: list[tuple[int, int]] = []
+            set_hz = dev.set_hz
+
+            def logged(hz: int) -> int:
+                issued.append((dev.now_ns(), int(hz)))
+                return set_hz(hz)
+
+            dev.set_hz = logged  # type: ignore[method-assign]
+            t_v0 = dev.now_ns()
+            replay(req, self.pass_through, dev, timing="recorded")
+            t_rec = _recording_clock(req, [t - t_v0 for t, _ in issued])
+            profile = self.device.profile
+            rep = applied_energy(trace, profile, trace.place(t_rec, [h for _, h in issued]))
+            got = applied_energy(trace, profile, live)
+        except (DeviceError, ValueError) as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            return
+        finally:
+            self.check_cpu_ns += time.thread_time_ns() - t0
+        self.applied_j += got.energy_j
+        self.replay_pass_j += rep.energy_j
+        self.pass_tokens += trace.tokens
+
     def _figures(self) -> dict[str, Any]:
         loop = self.loop.health()
         d, s = self.device, self.shadow
         t_s = self.virtual_s
         saved = s.energy_j - d.energy_j
-        us = sorted(self.decision_us)
+        tok = self.tokens
         return {
             "simulated": True,
             "source": f"simulated {d.name} (profile data, see devices/profiles)",
@@ -269,7 +334,7 @@ class SimulatedAccount:
             "tokens": self.tokens,
             "energy_per_token_j": d.energy_j / self.tokens if self.tokens else None,
             "switches": self.switches,
-            "decision_us_median": us[len(us) // 2] if us else None,
+            "decision_us_median": loop["decision_us_median"],
             "recent_requests": list(self.recent),
             "applied_energy_per_token_j": (
                 self.applied_j / self.pass_tokens if self.pass_tokens else None
@@ -292,7 +357,17 @@ class SimulatedAccount:
             },
             "accounting": {
                 "settled_requests": self.requests,
-                "cpu_ms_per_token": self.settle_cpu_ns / 1e6 / self.tokens if self.tokens else None,
+                "method": "arrays-based passes (accounting.applied_energy of the switches "
+                "the live loop issued, accounting.default_shadow), phone host model",
+                "switches_issued": self.issued,
+                # CPU time on this host (measured), per token: the two passes ...
+                "accounting_ms_per_token": self.passes_cpu_ns / 1e6 / tok if tok else None,
+                # ... building the trace from the recorded segments ...
+                "trace_build_ms_per_token": self.build_cpu_ns / 1e6 / tok if tok else None,
+                # ... the replay check (replay_energy_per_token_j) ...
+                "replay_check_ms_per_token": self.check_cpu_ns / 1e6 / tok if tok else None,
+                # ... and everything settling cost
+                "cpu_ms_per_token": self.settle_cpu_ns / 1e6 / tok if tok else None,
             },
         }
 
@@ -323,6 +398,20 @@ class SimulatedAccount:
         self.loop.close()
         self.device.close()
         self.shadow.close()
+
+
+def _recording_clock(segments: list[Segment], t_ns: list[int]) -> list[int]:
+    """Times of a pass-through replay of ``segments`` (``timing="recorded"``: each
+    segment lasts its recorded ``dur_ns``; ns from the replay's start) on the
+    recording's clock, so its switches are placed like the live loop's."""
+    import numpy as np
+
+    dur = np.fromiter((max(s.dur_ns, 0) for s in segments), dtype=np.int64, count=len(segments))
+    start = np.concatenate([[0], np.cumsum(dur)[:-1]])
+    rec = np.fromiter((s.t_ns for s in segments), dtype=np.int64, count=len(segments))
+    t = np.asarray(t_ns, dtype=np.int64)
+    i = np.clip(np.searchsorted(start, t, side="right") - 1, 0, len(segments) - 1)
+    return (rec[i] + t - start[i]).tolist()
 
 
 def _split_requests(segments: list[Segment]) -> list[list[Segment]]:
