@@ -112,7 +112,12 @@ def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
         model_path=str(gemma_gguf),
         verbose=False,
         n_ctx=512,
-        power={"device": "sim:adreno650", "controller": "tmpc", "granularity": "graph"},
+        power={
+            "device": "sim:adreno650",
+            "controller": "tmpc",
+            "granularity": "graph",
+            "replay_check": True,  # replay_energy_per_token_j
+        },
     )
     try:
         for p in PROMPTS:

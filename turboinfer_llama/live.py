@@ -89,14 +89,16 @@ class SimulatedAccount:
     figures go to ``recent`` and to every settled sink, keyed by the engine's request
     index (``"request"``: the n-th ``generate`` of this session).
 
-    ``replay_check``: also replay each request through a fresh controller in
-    pass-through timing (per-kernel, tens of ms of CPU per token) and account its
-    switches like the live loop's, for ``replay_energy_per_token_j`` next to
-    ``applied_energy_per_token_j`` (issue 11: does live do what replay does?).
+    ``replay_check`` (default: ``PowerSettings.replay_check``, off): also replay each
+    request through a fresh controller in pass-through timing (per-kernel, tens of ms
+    of CPU per token) and account its switches like the live loop's, both on fresh
+    userspace devices, for ``replay_energy_per_token_j`` next to
+    ``applied_energy_per_token_j`` (issue 11: does live do what replay does?); both
+    are null while it is off.
     """
 
     def __init__(
-        self, settings: PowerSettings, device: SimGpu, *, replay_check: bool = True
+        self, settings: PowerSettings, device: SimGpu, *, replay_check: bool | None = None
     ) -> None:
         from .control.governor import Governor
 
@@ -114,7 +116,7 @@ class SimulatedAccount:
             granularity=settings.granularity,
             native=settings.native_hooks,
         ).start()
-        self.replay_check = replay_check
+        self.replay_check = settings.replay_check if replay_check is None else replay_check
         self.pass_through = make_controller(settings.controller, **kw)
         self.applied_j = 0.0
         self.replay_pass_j = 0.0

@@ -81,6 +81,13 @@ class PowerSettings(BaseSettings):
         description="Use the compiled C hook library when available; False forces the "
         "pure-Python callback.",
     )
+    replay_check: bool = Field(
+        default=False,
+        description="Simulated device only: also replay each finished request through a "
+        "fresh controller (per-kernel, tens of ms of CPU per token while settling) and "
+        "report its energy per token next to the live loop's applied energy "
+        "(replay_energy_per_token_j, applied_energy_per_token_j; null when off).",
+    )
 
     @field_validator("controller")
     @classmethod
