@@ -338,8 +338,17 @@ class SimulatedAccount:
             "switches": self.switches,
             "decision_us_median": loop["decision_us_median"],
             "recent_requests": list(self.recent),
+            # the headline figure is already the applied one (the loop's issued switches
+            # on the recording); the replay check, when on, recomputes it beside the
+            # replay estimate on fresh devices, so the pair differs only by decisions
             "applied_energy_per_token_j": (
-                self.applied_j / self.pass_tokens if self.pass_tokens else None
+                self.applied_j / self.pass_tokens
+                if self.pass_tokens
+                else (
+                    d.energy_j / self.tokens
+                    if self.tokens and not self._device_governs
+                    else None
+                )
             ),
             "replay_energy_per_token_j": (
                 self.replay_pass_j / self.pass_tokens if self.pass_tokens else None

@@ -521,9 +521,8 @@ def replay(
             elif kind is StallKind.SUBMIT:
                 begin_graph(seg)
                 r.gap(seg.dur_ns, kind.value, seg.phase)
-            elif kind is StallKind.INTER_KERNEL:
-                if gran == "kernel" or recorded:
-                    r.gap(seg.dur_ns, kind.value, seg.phase)
+            elif kind is StallKind.INTER_KERNEL:  # the recording's (or the phone's) host gap
+                r.gap(seg.dur_ns, kind.value, seg.phase)
             else:  # SAMPLE
                 end_graph()
                 r.emit(EventKind.SAMPLE_BEGIN, graph=graph, token=seg.token)
