@@ -152,6 +152,9 @@ def run_on_phone(
         args += ["--model", remote]
     if options.get("controller"):
         args += ["--controllers", str(options["controller"])]
+    for key, flag in (("n_ctx", "--n-ctx"), ("max_tokens", "--max-tokens")):
+        if options.get(key):
+            args += [flag, str(int(options[key]))]
     link.run(f"rm -f {PHONE_REPORT}")
     r = termux.run_in_termux(link, shlex.join(args), PHONE_TIMEOUT_S)
     if not r.ok:

@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sp.add_argument("--model", help="GGUF model path, passed to the runner")
     sp.add_argument("--controller", help="controller spec, passed to the runner")
     sp.add_argument(
+        "--n-ctx", type=int, help="context size, passed to the runner (default: bench's)"
+    )
+    sp.add_argument(
+        "--max-tokens", type=int, help="tokens per prompt, passed to the runner (default: bench's)"
+    )
+    sp.add_argument(
         "--force-charging",
         action="store_true",
         help="report energy even while the phone charges (numbers are then wrong)",
@@ -170,7 +176,16 @@ def _bench(args: argparse.Namespace) -> int:
     from ..android.bench import RunnerMissing, run
     from ..devices.base import DeviceError
 
-    options = {k: v for k, v in (("model", args.model), ("controller", args.controller)) if v}
+    options = {
+        k: v
+        for k, v in (
+            ("model", args.model),
+            ("controller", args.controller),
+            ("n_ctx", args.n_ctx),
+            ("max_tokens", args.max_tokens),
+        )
+        if v
+    }
     from ..bench.runner import BenchError
 
     try:
