@@ -110,7 +110,8 @@ def test_adb_bench_control_only_without_termux(tmp_path, monkeypatch, capsys, ti
     kgsl = phone.root / "sys/class/kgsl/kgsl-3d0"
     before = {f: (kgsl / f).read_text() for f in ("min_pwrlevel", "max_pwrlevel")}
     with serving(monkeypatch, tmp_path / "state", phone):
-        assert main(["android", "bench", "--model", str(tiny_gguf), "--n-ctx", "8192", "--max-tokens", "8"]) == 0
+        args = ["--model", str(tiny_gguf), "--n-ctx", "8192", "--max-tokens", "8"]
+        assert main(["android", "bench", *args]) == 0
     out = capsys.readouterr().out
     report = json.loads(out[out.index("{") :])
     assert report["inference"].startswith("control only: inference on the host")

@@ -16,7 +16,7 @@ from turboinfer_llama import offload as offload_mod
 from turboinfer_llama.bench.runner import BenchConfig, BenchError, run_bench
 from turboinfer_llama.devices import open_device
 from turboinfer_llama.engine import backends
-from turboinfer_llama.server.metering import served_llama_class
+from turboinfer_llama.server.metering import RequestLedger, served_llama_class
 from turboinfer_llama.settings import PowerSettings
 
 CPU_BUILD = not backends.supports_gpu_offload()
@@ -135,7 +135,7 @@ def test_server_loader_default_is_dropped_unless_the_user_set_it(tiny_gguf, devf
     class drops it when the user gave none, so Llama's own default (all layers) holds."""
     settings = PowerSettings(device=f"devfreq:{devfreq}", controller="max", allow_cpu=True)
     for user_set, want in ((False, 0x7FFFFFFF), (True, 0)):
-        cls = served_llama_class(True, settings, gpu_layers_set=user_set)
+        cls = served_llama_class(True, settings, RequestLedger(), gpu_layers_set=user_set)
         llm = cls(model_path=str(tiny_gguf), n_ctx=128, verbose=False, n_gpu_layers=0)
         try:
             assert llm.model_params.n_gpu_layers == want

@@ -215,8 +215,13 @@ def test_monsoon_integrates_batches() -> None:
     channels = types.SimpleNamespace(MainCurrent="main_i", MainVoltage="main_v")
     meter = MonsoonMeter(engine=engine, channels=channels, batch=50)
     meter.begin_window("w")
-    for _ in range(3):
-        assert engine.batches.acquire(timeout=5)
+    # batches collected before the window opened may already be counted: wait for
+    # three whole batches inside it (not for three releases, which can predate it)
+    s0 = meter.samples
+    deadline = time.monotonic() + 5.0
+    while meter.samples < s0 + 3 * 50 and time.monotonic() < deadline:
+        engine.batches.acquire(timeout=0.5)
+    assert meter.samples >= s0 + 3 * 50
     m = meter.end_window("w")
     meter.close()
     assert engine.started and engine.stopped
