@@ -345,9 +345,7 @@ class SimulatedAccount:
                 self.applied_j / self.pass_tokens
                 if self.pass_tokens
                 else (
-                    d.energy_j / self.tokens
-                    if self.tokens and not self._device_governs
-                    else None
+                    d.energy_j / self.tokens if self.tokens and not self._device_governs else None
                 )
             ),
             "replay_energy_per_token_j": (

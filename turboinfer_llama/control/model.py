@@ -34,6 +34,9 @@ from ..engine.graph import REF_BYTES_PER_S, REF_OPS_PER_S
 # mobile-GPU minimum kernel time; it must not start far below the true floor, or no
 # kernel is classified as floor-bound and the RLS cannot find the floor.
 _LAUNCH_NS = 1_000.0
+# lower bounds of (th_c, th_m, th_x, th_o, th_d): efficiencies stay positive, the
+# coupling may be absent
+_TH_MIN = np.array([0.05, 0.05, 0.05, 0.05, 0.0])
 
 
 @dataclass(frozen=True)
@@ -121,13 +124,20 @@ def node_times(flops: np.ndarray, bytes_: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 class PhaseModel:
-    """RLS with forgetting over ``th = (th_c, th_m, th_x, th_o)`` for one phase."""
+    """RLS with forgetting over ``th = (th_c, th_m, th_x, th_o, th_d)`` for one phase.
+
+    ``th_d`` is the GPU-DDR coupling: on SoCs where each GPU level carries a DRAM
+    bandwidth vote (Qualcomm's ``qcom,gpu-pwrlevel`` bus indices), memory-bound work
+    also slows at low clocks. Its regressor is the memory time times
+    ``f_max/f - 1`` (zero at the top level, growing as the clock drops), a shape
+    assumed for any vote table; the data give its size (0 on uncoupled GPUs). A
+    4-vector ``theta`` set from outside is read with ``th_d = 0``."""
 
     def __init__(self, f_max_hz: float, *, forget: float = 0.95) -> None:
         self.f_max_hz = float(f_max_hz)
         self.forget = forget
-        self.theta = np.array([1.0, 1.0, 0.2, 3.0])
-        self._p0 = np.diag([0.5, 0.5, 0.05, 0.5])
+        self.theta = np.array([1.0, 1.0, 0.2, 3.0, 0.0])
+        self._p0 = np.diag([0.5, 0.5, 0.05, 0.5, 0.1])
         self.P = self._p0.copy()
         self.n_obs = 0
         self.last_residual = 0.0
@@ -138,22 +148,33 @@ class PhaseModel:
         """Summed regressors of nodes run at ``f_hz`` (scalar or per node): compute time
         of compute-bound nodes, memory time of memory-bound ones, the partly hidden
         shorter side (at the current estimate), launches."""
-        cf = c_ns * (self.f_max_hz / np.asarray(f_hz, dtype=np.float64))
-        a, b = self.theta[0] * cf, self.theta[1] * m_ns
+        th = self._th()
+        ratio = self.f_max_hz / np.asarray(f_hz, dtype=np.float64)
+        cf = c_ns * ratio
+        md = m_ns * (ratio - 1.0)  # memory time's coupling regressor
+        a, b = th[0] * cf, th[1] * m_ns + th[4] * md
         comp = a >= b
         lo = np.minimum(a, b)
         # kernels at the minimum kernel time (the floor side wins) carry only the
         # floor regressor: their time does not scale with the clock
-        floor = self.theta[3] * _LAUNCH_NS * launches
-        roof = ~((floor > np.maximum(a, b) + self.theta[2] * lo) & (launches > 0))
+        floor = th[3] * _LAUNCH_NS * launches
+        roof = ~((floor > np.maximum(a, b) + th[2] * lo) & (launches > 0))
+        mem = ~comp & roof
         return np.array(
             [
                 float(cf[comp & roof].sum()),
-                float(m_ns[~comp & roof].sum()),
+                float(m_ns[mem].sum()),
                 float(lo[roof].sum()),
                 float(launches[~roof].sum() * _LAUNCH_NS),
+                float(np.broadcast_to(md, m_ns.shape)[mem].sum()),
             ]
         )
+
+    def _th(self) -> np.ndarray:
+        th = self.theta
+        if len(th) == 4:  # set from outside without the coupling term
+            th = self.theta = np.append(th, 0.0)
+        return th
 
     def update(self, x: np.ndarray, y_ns: float) -> None:
         """One observation: regressors ``x`` took ``y_ns``. The row is scaled by
@@ -161,12 +182,13 @@ class PhaseModel:
         move the estimate alike."""
         if y_ns <= 0:
             return
+        self._th()
         x = x / y_ns
         P = self.P
         px = P @ x
         k = px / (self.forget + float(x @ px))
         err = 1.0 - float(x @ self.theta)
-        self.theta = np.clip(self.theta + k * err, 0.05, 20.0)
+        self.theta = np.clip(self.theta + k * err, _TH_MIN, 20.0)
         P = (P - np.outer(k, px)) / self.forget
         # Bound covariance windup in directions no observation excites (scaling keeps
         # P positive definite).
@@ -184,12 +206,14 @@ class PhaseModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per-node time at every level, shape (nodes, levels), and the part of it that
         scales with the clock (for the compute-bound fraction)."""
-        a = self.theta[0] * c_ns[:, None] * (self.f_max_hz / levels_hz[None, :])
-        b = self.theta[1] * m_ns[:, None]
-        roof = np.maximum(a, b) + self.theta[2] * np.minimum(a, b)
-        floor = self.theta[3] * _LAUNCH_NS * launches[:, None]
+        th = self._th()
+        ratio = self.f_max_hz / levels_hz[None, :]
+        a = th[0] * c_ns[:, None] * ratio
+        b = m_ns[:, None] * (th[1] + th[4] * (ratio - 1.0))
+        roof = np.maximum(a, b) + th[2] * np.minimum(a, b)
+        floor = th[3] * _LAUNCH_NS * launches[:, None]
         t = np.maximum(roof, floor)
-        scaling = np.where(roof >= floor, np.where(a >= b, a, self.theta[2] * a), 0.0)
+        scaling = np.where(roof >= floor, np.where(a >= b, a, th[2] * a), 0.0)
         return t, scaling
 
 

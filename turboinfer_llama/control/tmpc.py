@@ -11,10 +11,25 @@ The live loop and replay give this controller the same two things (see
   and the latency debt, and solves the :class:`Plan` for the next graph. The native
   executor runs that plan inside the next ``llama_decode`` without Python.
 
-State: latency debt = actual time - reference time (the default governor's shadow,
-``reference.py``) since the request began (TTFT) or over every decode step so far
-(TPOT, a mean over the run); the switches the executor applied (for the clock each
-node ran at).
+State: latency debt = actual time - reference time since the request began (TTFT) or
+over every decode step so far (TPOT, a mean over the run); the switches the executor
+applied (for the clock each node ran at).
+
+The reference is the top level's time, measured (``_reference_ns``): the default
+governor can never be faster than the top clock, so a budget kept against it is kept
+against the default on any GPU, whatever its governor does. Every ``PROBE_EVERY``
+graphs of a phase one runs wholly at the top level; graphs in between are scaled from
+it by the model's top-level ratio (context growth), never above their own measured
+time. (A shadow of the default governor driven by the model was tried first: near
+msm-adreno-tz's ramp-up threshold, and wherever the model extrapolated to levels it
+had not run, it misjudged the default by 3-34% and the budget overshot 2-5x. The
+price of the top-level reference: where the default is slower than the top clock,
+that slowness is not spent -- the hindsight ``static-best``/``phase`` can spend it.)
+
+Safe exploration (``_lowest_allowed``): a plan goes at most one level below the lowest
+level the phase has run at, and only when the slack already earned covers that step's
+worst case; the slack a plan may spend is what has been earned plus the next graph's
+own, never the horizon's later graphs' (a run can end after any graph).
 
 The plan for the next graph (``_plan_next``), solved at the end of a graph, i.e. at
 the start of the sampling stall:
@@ -23,10 +38,10 @@ the start of the sampling stall:
   stalls between them; every combination of compute levels is searched at once
   (``tmpc_solver.solve_horizon``), minimising predicted energy (busy power x kernel
   time + idle power x stalls and host gaps + switch cost) subject to
-  ``debt + sum(d - d_ref) + tube <= slack * (reference elapsed + horizon reference)``.
-* Tube: debt is measured against the shadow, which is driven by the measured time,
-  so an error in absolute graph time cancels; what reaches the debt is the error in
-  the predicted slowdown, bounded by the upper quantile ``r`` of past relative
+  ``debt + sum(d - d_ref) + tube <= slack * (reference elapsed + next graph's reference)``.
+* Tube: debt is measured against the measured top-level time, so an error in
+  absolute graph time cancels; what reaches the debt is the error in the predicted
+  slowdown, bounded by the upper quantile ``r`` of past relative
   graph-time errors: ``r * (d - d_ref)``. Stalls add how far below its lower bound a
   stall has been seen to end times the largest slowdown a low clock can cause.
 * Inside the next graph, per-block levels (about one block per layer) share the time
@@ -53,7 +68,6 @@ behind the default governor.
 from __future__ import annotations
 
 import bisect
-import copy
 
 import numpy as np
 
@@ -62,11 +76,13 @@ from .forecast import Forecaster, StallStats
 from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
-from .reference import DefaultShadow, ShadowParams
+from .reference import ShadowParams
 from .tmpc_solver import PhaseTemplate, block_levels, level_combinations, solve_horizon
 
-_SHADOW_CHUNKS = 24  # the shadow walks a graph in about one chunk per layer
 _HIST_KEEP = 512  # applied switches kept for the per-node clock
+# every this many graphs of a phase, one runs wholly at the top level: its measured
+# time is the latency reference (see TubeMPC._reference_ns)
+PROBE_EVERY = 24
 
 
 class TubeMPC:
@@ -99,7 +115,8 @@ class TubeMPC:
         self.power = power or PowerTable.assumed(self.levels_int)
         self.model = WorkloadModel(self.power)
         self.forecast = Forecaster(cost_fn=lambda op, sh: (0.0, 0.0))
-        self.shadow = DefaultShadow(self.levels_hz, shadow or ShadowParams())
+        self.shadow_params = shadow or ShadowParams()
+        self._last_ref_ns: dict[str, float] = {}
         self.n_compute = (horizon + 1) // 2
         self.planning = planning
         self._max_slowdown = 1.0 - self.levels_hz[0] / self.levels_hz[-1]
@@ -116,7 +133,15 @@ class TubeMPC:
         self.granularity = "graph"
         self._hist_t: list[int] = []  # landing times of applied switches, ascending
         self._hist_lv: list[int] = []
-        self._initial = self.shadow.level
+        init = self.shadow_params.initial_hz
+        self._initial = self.top if init is None else int(np.argmin(np.abs(self.levels_hz - init)))
+        # per phase: (measured ns of the last graph run wholly at the top level, the
+        # model's top-level ns of that graph); graphs since, per phase
+        self._top_probe: dict[str, tuple[float, PhaseTemplate, float]] = {}
+        # per phase: the lowest level a graph has spent a good share of its time at;
+        # plans go at most one level below it (a level's time is known once run)
+        self._lowest_seen: dict[str, int] = {}
+        self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
         self._graph_busy: int | None = None
         self._margin_ns = 0.0
@@ -143,7 +168,7 @@ class TubeMPC:
 
     @property
     def ref_elapsed_ns(self) -> float:
-        """Reference (default governor's shadow) time of the current phase, ns."""
+        """Reference (top-level) time of the current phase, ns."""
         return self._acc[self.phase][1]
 
     def _account(self, phase: str, actual_ns: float, ref_ns: float) -> None:
@@ -202,7 +227,6 @@ class TubeMPC:
         if dur_ns < 0:
             return
         self.forecast.observe(kind, dur_ns)
-        self.shadow.run_stall(dur_ns)
         self._account(phase, dur_ns, dur_ns)
 
     def on_event(self, ev: Event) -> Plan | None:
@@ -241,7 +265,6 @@ class TubeMPC:
             idle_from = max((t for t in self._req_ends if prev is None or t >= prev), default=None)
             if idle_from is not None and idle_from <= begins[-1]:
                 self.forecast.observe(StallKind.IDLE, begins[-1] - idle_from)
-                self.shadow.run_stall(max(0, begins[-1] - idle_from))
             self._reset_request()
         elif prev is not None:
             self._stall(StallKind.SAMPLE, b.t_begin_ns - prev, self._prev_phase)
@@ -286,6 +309,7 @@ class TubeMPC:
             pm = self.model.phases[phase]
             starts, ends = self._node_spans(b)
             f = self._mean_hz(starts, ends)
+            self._note_levels(phase, f, ends - starts)
             g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
             pred = self._predicted
             if pred is not None and pred[0] == g.n and pred[1] > 0:
@@ -299,8 +323,8 @@ class TubeMPC:
                 busy_ns, host = float(busy), float(measured - busy)
             x = pm.features(g.c_ns, g.m_ns, g.launch, f)
             pm.update(x, busy_ns)
-            # reference: the shadow runs the same graph, calibrated by this measurement
-            # against the (updated) model's time at the clocks each node really ran at
+            # this measurement against the (updated) model's time at the clocks each
+            # node really ran at
             pred_here = float(pm.features(g.c_ns, g.m_ns, g.launch, f) @ pm.theta) + host
             scale = measured / pred_here if pred_here > 0 else 1.0
             # the model's shape (how time scales with the clock) moves slowly (RLS); its
@@ -311,15 +335,84 @@ class TubeMPC:
             self._time_scale[phase] = ts
             g.tabulate(pm, self.levels_hz, host, self.power, ts)
             self._templates[phase] = g
-            ref = _shadow_run(self.shadow, g, scale / ts, scale)
+            ref = self._reference_ns(phase, g, f, measured, host)
+            self._last_ref_ns[phase] = ref
         else:
             ref = measured
-            self.shadow.run_stall(measured)
         self._account(phase, measured, ref)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
             return None  # the request ended after this graph: no next graph to plan
         return self._plan_next(b.t_end_ns)
+
+    def _reference_ns(
+        self,
+        phase: str,
+        g: PhaseTemplate,
+        f_hz: np.ndarray,
+        measured: float,
+        host: float,
+    ) -> float:
+        """The latency reference of one graph: what it takes at the top level.
+
+        The default governor can never be faster than the top clock, so a budget kept
+        against the top level is kept against the default -- on any GPU, whatever its
+        governor does (a shadow of the governor, driven by our model, misjudged a
+        threshold rule like msm-adreno-tz's by 7-34% on the shipped profiles and ran
+        2-5x over the budget). The price: where the default is slower than the top
+        clock, that slowness is not spent (the hindsight ``static-best``/``phase``
+        can). The top-level time is measured, not modelled: every ``PROBE_EVERY``
+        graphs of a phase one runs wholly at the top level (:meth:`_plan_next`), and
+        graphs in between are scaled from it by the model's top-level ratio (context
+        growth), never above the graph's own measured time."""
+        top = self.top
+        pm = self.model.phases[phase]
+        if bool(np.all(f_hz >= self.levels_hz[top] * 0.999)):
+            self._top_probe[phase] = (measured, g, host)
+            self._since_probe[phase] = 0
+            return measured
+        self._since_probe[phase] = self._since_probe.get(phase, 0) + 1
+        probe = self._top_probe.get(phase)
+        if probe is None:
+            return measured
+        # context growth since the probe: both graphs through the *current* model at
+        # the top level, so a drift of the model's fit cancels out of the ratio
+        t_meas, g_probe, host_probe = probe
+        top_hz = self.levels_hz[top : top + 1]
+        now_ns = float(pm.level_times(g.c_ns, g.m_ns, g.launch, top_hz)[0].sum()) + host
+        then_ns = (
+            float(pm.level_times(g_probe.c_ns, g_probe.m_ns, g_probe.launch, top_hz)[0].sum())
+            + host_probe
+        )
+        return min(measured, t_meas * now_ns / max(then_ns, 1.0))
+
+    def _note_levels(self, phase: str, f_hz: np.ndarray, dur_ns: np.ndarray) -> None:
+        """Remember the lowest level this graph spent at least a quarter of its time at."""
+        total = float(dur_ns.sum())
+        if total <= 0:
+            return
+        idx = np.clip(np.searchsorted(self.levels_hz, f_hz * 0.999), 0, self.top)
+        share = np.bincount(idx, weights=dur_ns, minlength=self.n_levels) / total
+        seen = np.nonzero(share >= 0.25)[0]
+        if len(seen):
+            self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), int(seen[0]))
+
+    def _lowest_allowed(self, phase: str, tpl: PhaseTemplate) -> int:
+        """Safe exploration: a plan goes at most one level below the lowest level the
+        phase has been measured at, so a level's real time (GPU-DDR coupling, floors,
+        anything the model has not seen) is met one step at a time, never as a jump;
+        and only when the slack already earned covers the step's worst case (the whole
+        graph slowing by the two clocks' ratio, whatever the model predicts)."""
+        seen = self._lowest_seen.get(phase, self.top)
+        if seen == 0:
+            return 0
+        debt, ref_elapsed = self._acc[phase]
+        banked = self.slack * ref_elapsed - debt
+        worst = float(tpl.graph_ns[seen]) * (self.levels_hz[seen] / self.levels_hz[seen - 1] - 1.0)
+        return seen - 1 if banked >= worst else seen
+
+    def _probe_due(self, phase: str) -> bool:
+        return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
 
     # ---- the optimisation -----------------------------------------------------------
 
@@ -333,17 +426,16 @@ class TubeMPC:
 
     def _prefill_level(self) -> int:
         """One level for a prefill graph: the cheapest whose predicted time keeps the
-        TTFT budget against the default governor's shadow run over the last prefill's
-        template (a copy of the shadow, so its state is untouched); the top level when
-        there is no template yet (the default ramps up during a long prefill, and a
-        graph with no template cannot be followed inside the decode)."""
+        TTFT budget against the top level's time over the last prefill's template (at
+        most one level below the lowest the prefill has run at); the top level when
+        there is no template yet (a graph with no template cannot be followed inside
+        the decode)."""
         tpl = self._templates.get("prefill")
         if tpl is None:
             return self.top
-        probe = copy.copy(self.shadow)
-        ref = _shadow_run(probe, tpl)
         r = self.rel_err.estimate().upper_ns
-        ok = tpl.graph_ns * (1.0 + r) <= ref * (1.0 + self.slack)
+        ok = tpl.graph_ns * (1.0 + r) <= tpl.graph_ns[self.top] * (1.0 + self.slack)
+        ok[: self._lowest_allowed("prefill", tpl)] = False
         cand = np.where(ok, tpl.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
 
@@ -368,7 +460,8 @@ class TubeMPC:
         self.solves += 1
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
-        if tpl is None:  # nothing to predict from yet: never fall behind the default
+        if tpl is None or self._probe_due("decode"):
+            # nothing to predict from yet, or the reference's top-level probe is due
             lv = self.top
             return Plan(
                 first_level=lv, fallback_level=lv, switches=(Switch(Anchor.TIME, t_now, lv),)
@@ -376,16 +469,22 @@ class TubeMPC:
         nc, idle_w = self.n_compute, self.power.idle_w
         d_med, d_lo, d_early = self._stall_ns()
         droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
-        ref_lvl = self.shadow.level
+        ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
         energy = np.tile(tpl.energy_j + stall_e, (nc, 1))
+        lowest = self._lowest_allowed("decode", tpl)
+        energy[:, :lowest] = np.inf
+        block_e = tpl.block_energy_j.copy()
+        block_e[:, :lowest] = np.inf
         time_ns = np.tile(tpl.graph_ns, (nc, 1))
-        d_ref = float(tpl.graph_ns[ref_lvl]) * nc
+        d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc
         stalls_total = d_med * nc
         r = self.rel_err.estimate().upper_ns
         stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
         debt, ref_elapsed = self._acc["decode"]
-        allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
+        # only slack already earned, plus the next graph's own: a run can end after
+        # any graph, so the horizon's later graphs must not lend their slack now
+        allowed = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
         # sum(d) - d_ref + r * (sum(d) - d_ref) + stall_tube <= allowed
         budget = d_ref + (allowed - stall_tube) / (1.0 + r)
         penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
@@ -393,11 +492,7 @@ class TubeMPC:
         levels = sol.levels
         first = int(levels[0])
         future = sum(float(time_ns[i, levels[i]]) for i in range(1, nc))
-        got = (
-            block_levels(tpl.block_energy_j, tpl.block_ns, budget - future)
-            if sol.feasible
-            else None
-        )
+        got = block_levels(block_e, tpl.block_ns, budget - future) if sol.feasible else None
         if got is not None:
             blocks, used_here = got
         else:
@@ -445,14 +540,3 @@ class TubeMPC:
             gain=self.gain if node_keyed else 0.0,
             switches=tuple(sw),
         )
-
-
-def _shadow_run(
-    shadow: DefaultShadow, tpl: PhaseTemplate, k_scale: float = 1.0, h_scale: float = 1.0
-) -> float:
-    """The default governor's shadow through ``tpl`` in about one chunk per layer (its
-    windows then see the graph's real mix of busy and host time); returns the ns."""
-    edges = np.linspace(0, tpl.n, min(tpl.n, _SHADOW_CHUNKS) + 1).astype(np.int64)
-    k_chunks = np.diff(tpl.cum_kernel_ns[edges], axis=0) * k_scale
-    h_chunks = np.diff(tpl.cum_host_ns[edges]) * h_scale
-    return sum(shadow.run_compute(kc, float(hc)) for kc, hc in zip(k_chunks, h_chunks, strict=True))
