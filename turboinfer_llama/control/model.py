@@ -50,6 +50,11 @@ class PowerTable:
     idle_w: np.ndarray
     switch_j: float
     source: str
+    # DRAM time at each level relative to the top level's (>= 1), where the SoC ties a
+    # DDR bandwidth vote to each GPU level and the device publishes it (the simulated
+    # profiles' bus votes; Adreno's qcom,gpu-pwrlevel bus indices); None: unknown, the
+    # model learns a smooth coupling instead
+    mem_slowdown: np.ndarray | None = None
 
     @classmethod
     def assumed(cls, levels_hz: list[int], *, top_busy_w: float = 3.0) -> PowerTable:
@@ -84,12 +89,18 @@ class PowerTable:
         power_w = getattr(device, "power_w", None)
         levels = device.frequencies_hz()  # type: ignore[attr-defined]
         if callable(power_w):  # the simulator's own power model
+            profile = getattr(device, "profile", None)
+            slow = None
+            if profile is not None and hasattr(profile, "bandwidth_factor"):
+                bw = np.array([profile.bandwidth_factor(h) for h in levels])
+                slow = bw[-1] / bw
             return cls(
                 np.asarray(levels, dtype=np.float64),
                 np.array([power_w(h, "busy") for h in levels]),
                 np.array([power_w(h, "idle") for h in levels]),
                 0.0,
                 f"{device.name} power model (simulated)",  # type: ignore[attr-defined]
+                slow,
             )
         return cls.assumed(levels)
 
@@ -128,15 +139,26 @@ class PhaseModel:
 
     ``th_d`` is the GPU-DDR coupling: on SoCs where each GPU level carries a DRAM
     bandwidth vote (Qualcomm's ``qcom,gpu-pwrlevel`` bus indices), memory-bound work
-    also slows at low clocks. Its regressor is the memory time times
-    ``f_max/f - 1`` (zero at the top level, growing as the clock drops), a shape
-    assumed for any vote table; the data give its size (0 on uncoupled GPUs). A
-    4-vector ``theta`` set from outside is read with ``th_d = 0``."""
+    also slows at low clocks. Its regressor is the memory time times the level's
+    extra DRAM time: from the device's published vote table (``mem_slowdown``, prior
+    ``th_d = 1``) when known, else an assumed smooth shape ``f_max/f - 1`` whose size
+    the data give (prior 0; stays 0 on uncoupled GPUs). A 4-vector ``theta`` set from
+    outside is read with ``th_d = 0``."""
 
-    def __init__(self, f_max_hz: float, *, forget: float = 0.95) -> None:
+    def __init__(
+        self,
+        f_max_hz: float,
+        *,
+        forget: float = 0.95,
+        levels_hz: np.ndarray | None = None,
+        mem_slowdown: np.ndarray | None = None,
+    ) -> None:
         self.f_max_hz = float(f_max_hz)
         self.forget = forget
-        self.theta = np.array([1.0, 1.0, 0.2, 3.0, 0.0])
+        known = levels_hz is not None and mem_slowdown is not None
+        self._lv = np.asarray(levels_hz, dtype=np.float64) if known else None
+        self._extra = np.asarray(mem_slowdown, dtype=np.float64) - 1.0 if known else None
+        self.theta = np.array([1.0, 1.0, 0.2, 3.0, 1.0 if known else 0.0])
         self._p0 = np.diag([0.5, 0.5, 0.05, 0.5, 0.1])
         self.P = self._p0.copy()
         self.n_obs = 0
@@ -149,9 +171,10 @@ class PhaseModel:
         of compute-bound nodes, memory time of memory-bound ones, the partly hidden
         shorter side (at the current estimate), launches."""
         th = self._th()
-        ratio = self.f_max_hz / np.asarray(f_hz, dtype=np.float64)
+        f = np.asarray(f_hz, dtype=np.float64)
+        ratio = self.f_max_hz / f
         cf = c_ns * ratio
-        md = m_ns * (ratio - 1.0)  # memory time's coupling regressor
+        md = m_ns * self._coupling(f)  # memory time's coupling regressor
         a, b = th[0] * cf, th[1] * m_ns + th[4] * md
         comp = a >= b
         lo = np.minimum(a, b)
@@ -169,6 +192,16 @@ class PhaseModel:
                 float(np.broadcast_to(md, m_ns.shape)[mem].sum()),
             ]
         )
+
+    def _coupling(self, f_hz: np.ndarray) -> np.ndarray:
+        """Extra DRAM time (relative) at clock ``f_hz``: the vote table's at the level
+        at or below, else the assumed smooth shape."""
+        if self._lv is None or self._extra is None:
+            return self.f_max_hz / f_hz - 1.0
+        i = np.clip(
+            np.searchsorted(self._lv, f_hz * 1.0005, side="right") - 1, 0, len(self._lv) - 1
+        )
+        return self._extra[i]
 
     def _th(self) -> np.ndarray:
         th = self.theta
@@ -209,7 +242,7 @@ class PhaseModel:
         th = self._th()
         ratio = self.f_max_hz / levels_hz[None, :]
         a = th[0] * c_ns[:, None] * ratio
-        b = m_ns[:, None] * (th[1] + th[4] * (ratio - 1.0))
+        b = m_ns[:, None] * (th[1] + th[4] * self._coupling(levels_hz)[None, :])
         roof = np.maximum(a, b) + th[2] * np.minimum(a, b)
         floor = th[3] * _LAUNCH_NS * launches[:, None]
         t = np.maximum(roof, floor)
@@ -226,7 +259,10 @@ class WorkloadModel:
         self.power = power
         self.levels_hz = power.levels_hz
         f_max = float(power.levels_hz[-1])
-        self.phases = {p: PhaseModel(f_max) for p in self.PHASES}
+        self.phases = {
+            p: PhaseModel(f_max, levels_hz=power.levels_hz, mem_slowdown=power.mem_slowdown)
+            for p in self.PHASES
+        }
         self.intensity = Intensity()
         self._intensity_ewma: float | None = None
         self.intensity_jump = intensity_jump

@@ -408,7 +408,11 @@ class TubeMPC:
             return 0
         debt, ref_elapsed = self._acc[phase]
         banked = self.slack * ref_elapsed - debt
-        worst = float(tpl.graph_ns[seen]) * (self.levels_hz[seen] / self.levels_hz[seen - 1] - 1.0)
+        # the step's worst case: twice the model's predicted slowdown, and never under
+        # a quarter of what pure clock scaling of the whole graph would cost
+        step = float(tpl.graph_ns[seen - 1] - tpl.graph_ns[seen])
+        ratio = self.levels_hz[seen] / self.levels_hz[seen - 1] - 1.0
+        worst = max(2.0 * step, 0.25 * float(tpl.graph_ns[seen]) * ratio)
         return seen - 1 if banked >= worst else seen
 
     def _probe_due(self, phase: str) -> bool:
@@ -482,17 +486,23 @@ class TubeMPC:
         r = self.rel_err.estimate().upper_ns
         stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
         debt, ref_elapsed = self._acc["decode"]
-        # only slack already earned, plus the next graph's own: a run can end after
-        # any graph, so the horizon's later graphs must not lend their slack now
-        allowed = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
+        allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
         # sum(d) - d_ref + r * (sum(d) - d_ref) + stall_tube <= allowed
         budget = d_ref + (allowed - stall_tube) / (1.0 + r)
+        # the next graph alone may spend only slack already earned plus its own: a run
+        # can end after any graph, so later graphs must not lend it theirs
+        allowed_1 = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
+        budget_1 = d_ref / nc + (allowed_1 - stall_tube / nc) / (1.0 + r)
         penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
-        sol = solve_horizon(energy, time_ns, budget, penalty, self.combos)
+        sol = solve_horizon(energy, time_ns, budget, penalty, self.combos, budget_1)
         levels = sol.levels
         first = int(levels[0])
         future = sum(float(time_ns[i, levels[i]]) for i in range(1, nc))
-        got = block_levels(block_e, tpl.block_ns, budget - future) if sol.feasible else None
+        got = (
+            block_levels(block_e, tpl.block_ns, min(budget - future, budget_1))
+            if sol.feasible
+            else None
+        )
         if got is not None:
             blocks, used_here = got
         else:

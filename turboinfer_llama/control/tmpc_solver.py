@@ -127,8 +127,12 @@ def solve_horizon(
     budget_ns: float,
     switch_penalty: np.ndarray,
     combos: np.ndarray,
+    first_budget_ns: float | None = None,
 ) -> HorizonSolution:
-    """Cheapest combination of per-segment levels whose total time fits ``budget_ns``.
+    """Cheapest combination of per-segment levels whose total time fits ``budget_ns``
+    (and whose first segment fits ``first_budget_ns``: the horizon spreads its slack
+    evenly, but the graph about to run may not spend slack that later graphs would
+    have to earn).
 
     ``energy``/``time_ns``: (segments, levels) tables; ``switch_penalty``: per
     combination, the energy its level changes cost; ``combos``: the rows of
@@ -138,7 +142,10 @@ def solve_horizon(
         flat_e = (flat_e[..., None] + energy[i]).ravel()
         flat_d = (flat_d[..., None] + time_ns[i]).ravel()
     flat_e = flat_e + switch_penalty
-    masked = np.where(flat_d <= budget_ns, flat_e, np.inf)
+    ok = flat_d <= budget_ns
+    if first_budget_ns is not None:
+        ok &= time_ns[0][combos[:, 0]] <= first_budget_ns
+    masked = np.where(ok, flat_e, np.inf)
     best = int(masked.argmin())
     feasible = bool(masked[best] < np.inf)
     if not feasible:
