@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakesysfs import make_jetson_orin
+from fakesysfs import make_exynos_mali, make_jetson_orin
+from test_exec_sysfs import Watcher, strip_newline
 from test_hooks_decode import Run, generate, node_key, observe
 from tiny_gguf import N_LAYER
 
@@ -154,6 +155,61 @@ def test_gemma_greedy_identical_on_vulkan(gemma_gguf: Path) -> None:
         off = ours.power.stats()["offload"]
     assert got == want and want
     assert off["layers_on_gpu"] == off["n_layer"] == 18
+
+
+def _devfreq_files(node: Path) -> dict[str, str]:
+    return {k: (node / k).read_text().strip() for k in ("governor", "min_freq", "max_freq")}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_live_executor_switches_while_gemma_decodes_on_vulkan(
+    tmp_path: Path, gemma_gguf: Path
+) -> None:
+    """Issue 17: tmpc live at graph granularity while gemma decodes with every layer on
+    lavapipe, steering a fake Mali devfreq tree through the native executor. Evidence
+    from the device side only: inotify counts the writes to min_freq/max_freq.
+
+    gemma, not the tiny model: the tiny model's graph is launch-bound on lavapipe (the
+    fitted graph time is the same at every level), so tmpc rightly pins the floor and
+    switches about never. The fake tree has no busy counter (its ``utilization`` is
+    removed): a constant file says nothing about lavapipe's load, and fed to tmpc it
+    makes graph time look independent of the clock, so tmpc would pin the floor too
+    (the documented fallback is engine timing alone, asserted below)."""
+    tree = make_exynos_mali(tmp_path)
+    node = tree["devfreq"]
+    tree["utilization"].unlink()
+    strip_newline(node / "min_freq", node / "max_freq")
+    before = _devfreq_files(node)
+    watch = Watcher([node / "min_freq", node / "max_freq"])
+    llm = Llama(
+        model_path=str(gemma_gguf),
+        verbose=False,
+        n_ctx=256,
+        n_gpu_layers=-1,
+        power={"device": f"devfreq:{node}", "controller": "tmpc", "granularity": "graph"},
+    )
+    try:
+        assert llm.power is not None
+        llm("Tell me a story about a cat.", max_tokens=10, temperature=0.0)
+        stats = llm.power.stats()
+    finally:
+        llm.close()
+    events = watch.close()
+    off, energy, tokens = stats["offload"], stats["energy"], stats["tokens"]
+    assert off["layers_on_gpu"] == off["n_layer"] and off["gpu_share"] == 1.0
+    assert off["gpu_devices"] == [_vulkan_device().name]
+    assert energy["health"]["ok"], energy["health"]
+    assert energy["feedback"] == "engine-only"
+    assert energy["executor"]["native"] is True  # switches came from inside llama_decode
+    mins = [vals["min_freq"] for name, vals in events if name == "min_freq"]
+    # inotify coalesces back-to-back writes: the count is a lower bound
+    assert tokens > 0 and len(mins) >= tokens, (len(mins), tokens)
+    assert len(set(mins)) >= 3, sorted(set(mins))
+    for _, vals in events:  # the range never inverted, seen from the files
+        lo, hi = vals["min_freq"], vals["max_freq"]
+        assert lo is None or hi is None or lo <= hi
+    assert _devfreq_files(node) == before  # governor, min and max given back
 
 
 def test_real_gpu_default_offloads_everything(tiny_gguf: Path, tmp_path: Path) -> None:
