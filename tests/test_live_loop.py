@@ -51,13 +51,14 @@ def test_the_planner_sees_every_graph_and_plans_the_next(tiny_gguf, native_hooks
 
 @pytest.mark.slow
 @pytest.mark.model
-@pytest.mark.xfail(
-    reason="issue 11, open: on the loaded 2-core build host tmpc wrote 5 switches in 48 "
-    "tokens on the fake Mali tree (the simulated-device run switches 8-9 per token)",
-    strict=False,
-)
 def test_tmpc_steers_a_fake_mali_devfreq_gpu_while_gemma_decodes(tmp_path, gemma_gguf):
-    node = make_exynos_mali(tmp_path)["devfreq"]
+    """The model runs on this host's CPU, standing in for the Mali: the fake tree's
+    constant ``utilization`` would say nothing about that load (fed to tmpc it makes
+    graph time look independent of the clock, and tmpc rightly pins the floor), so it
+    is removed and tmpc runs on engine timing alone, its documented fallback."""
+    tree = make_exynos_mali(tmp_path)
+    tree["utilization"].unlink()
+    node = tree["devfreq"]
     strip_newline(node / "min_freq", node / "max_freq")
     before = _files(node)
     watch = Watcher([node / "min_freq", node / "max_freq"])
