@@ -200,7 +200,9 @@ class SimulatedAccount:
         if not tokens:
             return
         got = energy_on_timeline(req, applied, self.device, initial_level=self._initial_level)
-        dev = SimGpu(self.device.profile)
+        # on the recorded clock: the pass-through controller keeps its state (request
+        # ends, switch history) across requests, so its clock must not restart at 0
+        dev = SimGpu(self.device.profile, start_ns=req[0].t_ns)
         try:
             r = replay(req, self.pass_through, dev, timing="recorded")
         except (DeviceError, ValueError) as e:

@@ -105,8 +105,12 @@ class Governor:
         self.applied_entries: deque[Applied] = deque(maxlen=200_000)
         # graph -> ns from its end until its plan was set (replay models the same delay)
         self.plan_delay_ns: dict[int, int] = {}
-        # graph -> ns from its end until the executor log was read for its planning
+        # graph -> the last switch handed to the controller before its planning, as ns
+        # from the graph's end (the log is in time order: replay hands it the same ones)
         self.log_cutoff_ns: dict[int, int] = {}
+        self._drained_upto_ns: int | None = None  # t_ns of the last switch drained
+        # graph -> ns from its end until the planner handed it to the controller
+        self.graph_input_ns: dict[int, int] = {}
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
@@ -316,8 +320,12 @@ class Governor:
                 return
             t_drain = now_ns()
             self._collect_log()
+            if self._drained_upto_ns is not None:
+                t_drain = self._drained_upto_ns
             applied, self._pending_applied = self._pending_applied, []
         with self._ctl_lock:  # controller learning: this thread only, never the engine's
+            if len(self.graph_input_ns) < 1_000_000:
+                self.graph_input_ns[graph] = now_ns() - t1
             if self._on_applied is not None:
                 self._on_applied(applied)
             if self._on_counters is not None and self.feedback != "engine-only":
@@ -326,9 +334,11 @@ class Governor:
         time.sleep(0)
         with self._lock:
             if plan is not None and not self.failed:
-                self._set_plan(plan)
+                # when the executor took it (its own clock, not after the call returns:
+                # that may wait for the GIL): replay sets the plan at the same instant
+                t_set = self._set_plan(plan) or now_ns()
                 if len(self.plan_delay_ns) < 1_000_000:
-                    self.plan_delay_ns[graph] = now_ns() - t1
+                    self.plan_delay_ns[graph] = t_set - t1
                     self.log_cutoff_ns[graph] = t_drain - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
@@ -346,6 +356,7 @@ class Governor:
             return
         new = ex.drain_log()
         if new:
+            self._drained_upto_ns = new[-1].t_ns
             pairs = [(a.t_ns, a.level) for a in new]
             self.applied_entries.extend(new)
             self.applied += len(new)
@@ -378,11 +389,13 @@ class Governor:
 
     # ---- switches ------------------------------------------------------------------
 
-    def _set_plan(self, plan: Plan) -> None:
+    def _set_plan(self, plan: Plan) -> int | None:
+        """Hand ``plan`` to the executor; the executor's clock when it took it."""
         ex = self.executor
         if ex is not None and not self.failed:
             self._last_plan = plan
-            ex.set_plan(_clamped(plan, self._cap_level))
+            return ex.set_plan(_clamped(plan, self._cap_level))
+        return None
 
     def _push(self, d: Decision) -> None:
         self._seq += 1
