@@ -147,6 +147,7 @@ def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
         counters=False,
         plan_delays_ns=per_graph("plan_delay_ns"),
         graph_inputs_ns=per_graph("graph_input_ns"),
+        plans_dropped=meta["plans_dropped"],
         live_applied=live,
         live_begin_ns=begin,
         live_log_cutoff_ns=per_graph("log_cutoff_ns"),

@@ -204,7 +204,18 @@ class SimulatedAccount:
         # ends, switch history) across requests, so its clock must not restart at 0
         dev = SimGpu(self.device.profile, start_ns=req[0].t_ns)
         try:
-            r = replay(req, self.pass_through, dev, timing="recorded")
+            # with the live run's timing (when each graph reached the planner and its
+            # plan the executor; engine timing alone), so it is a replay of this run
+            r = replay(
+                req,
+                self.pass_through,
+                dev,
+                timing="recorded",
+                counters=False,
+                plan_delays_ns=dict(self.loop.plan_delay_ns),
+                graph_inputs_ns=dict(self.loop.graph_input_ns),
+                plans_dropped=set(self.loop.plans_dropped),
+            )
         except (DeviceError, ValueError) as e:
             self.last_error = f"{type(e).__name__}: {e}"
             return

@@ -479,6 +479,7 @@ class PowerSession:
             meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
             meta.setdefault("log_cutoff_ns", {str(g): d for g, d in loop.log_cutoff_ns.items()})
             meta.setdefault("graph_input_ns", {str(g): d for g, d in loop.graph_input_ns.items()})
+            meta.setdefault("plans_dropped", sorted(loop.plans_dropped))
         tl = self.timeline
         return str(save_trace(path, tl.events(), {**meta, "window": tl.window()}))
 

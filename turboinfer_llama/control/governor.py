@@ -48,6 +48,7 @@ from .plan import Applied, Plan
 log = logging.getLogger(__name__)
 
 _PLAN_EVENTS = (EventKind.DECODE_END, EventKind.REQUEST_END, EventKind.IDLE)
+_BOUNDARIES = (EventKind.REQUEST_BEGIN, EventKind.REQUEST_END, EventKind.IDLE)
 
 
 class Governor:
@@ -111,6 +112,10 @@ class Governor:
         self._drained_upto_ns: int | None = None  # t_ns of the last switch drained
         # graph -> ns from its end until the planner handed it to the controller
         self.graph_input_ns: dict[int, int] = {}
+        # graphs whose plan was solved after their request ended (a request boundary
+        # reached the engine thread after the graph's end): dropped, never set
+        self.plans_dropped: set[int] = set()
+        self._boundary_ns = -1  # t_ns of the last request boundary event seen
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
@@ -199,6 +204,8 @@ class Governor:
         timestamps and small decisions, and learn in ``on_graph`` (see control/base.py)."""
         with self._lock:
             self.events += 1
+            if event.kind in _BOUNDARIES:
+                self._boundary_ns = max(self._boundary_ns, event.t_ns)
             if self.failed:
                 return
             self._apply_due(self._clock())
@@ -333,6 +340,12 @@ class Governor:
             plan = self._on_graph(batch) if self._on_graph is not None else None
         time.sleep(0)
         with self._lock:
+            if plan is not None and self._boundary_ns > t1:
+                # planned for a graph of a request that has ended: setting it now would
+                # replace the plan its end (or the next request's begin) answered with
+                if len(self.plans_dropped) < 1_000_000:
+                    self.plans_dropped.add(graph)
+                plan = None
             if plan is not None and not self.failed:
                 # when the executor took it (its own clock, not after the call returns:
                 # that may wait for the GIL): replay sets the plan at the same instant

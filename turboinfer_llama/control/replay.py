@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +130,10 @@ class _Runner:
         self.ex = ExecutorModel(self.levels, initial_level=init, fail_at=self._actuate)
         # (due: the controller gets it, seq, batch, plan set this long after its end)
         self.graph_q: list[tuple[int, int, GraphBatch, int]] = []
-        self.set_q: list[tuple[int, int, Plan]] = []  # (due, seq, plan): solved, not set
+        # (due, seq, plan, its graph, the graph's end): solved, not set yet
+        self.set_q: list[tuple[int, int, Plan, int, int]] = []
+        self._boundary_ns = -1  # last request boundary event (begin, end, idle)
+        self._dropped_live: set[int] | None = None
         # graphs the live run planned no next graph for (its request ended first): held
         # until the request's end reaches the controller, as it did live
         self._held: set[int] = set()
@@ -163,6 +166,8 @@ class _Runner:
         self.deliver_graphs()
         now = self.dev.now_ns()
         ev = Event(kind, now, **kw)
+        if kind in (EventKind.REQUEST_BEGIN, EventKind.REQUEST_END, EventKind.IDLE):
+            self._boundary_ns = now
         t0 = time.perf_counter_ns()
         d = self.ctl.on_event(ev)
         plan = self.ctl.plan(now) if isinstance(d, Decision) else None
@@ -276,7 +281,17 @@ class _Runner:
             item = self.graph_q.pop(0)
             self._deliver(item[2], item[3])
         while self.set_q and self.set_q[0][0] <= now:
-            self.ex.set_plan(self.set_q.pop(0)[2], now)
+            _, _, plan, graph, t_end = self.set_q.pop(0)
+            self._set(plan, graph, t_end, now)
+
+    def _set(self, plan: Plan, graph: int, t_end: int, now: int) -> None:
+        """Set a solved plan, unless its request has ended meanwhile (as the live
+        governor drops it: it would replace the plan the request's end, or the next
+        request's begin, answered with); replaying a live run, as it did."""
+        dropped = self._dropped_live
+        if (graph in dropped) if dropped is not None else self._boundary_ns > t_end:
+            return
+        self.ex.set_plan(plan, now)
 
     def _deliver(self, batch: GraphBatch, set_due: int) -> None:
         now = self.dev.now_ns()
@@ -293,9 +308,9 @@ class _Runner:
             self.plans += 1
             if set_due > now:
                 self._seq += 1
-                bisect.insort(self.set_q, (set_due, self._seq, plan))
+                bisect.insort(self.set_q, (set_due, self._seq, plan, batch.graph, batch.t_end_ns))
             else:
-                self.ex.set_plan(plan, now)
+                self._set(plan, batch.graph, batch.t_end_ns, now)
 
     def _replace_plan(self, plan: list[Decision]) -> None:
         self.plan_q = []
@@ -451,6 +466,7 @@ def replay(
     live_begin_ns: Mapping[int, int] | None = None,
     live_log_cutoff_ns: Mapping[int, int] | None = None,
     graph_inputs_ns: Mapping[int, int] | None = None,
+    plans_dropped: Collection[int] | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -479,7 +495,9 @@ def replay(
     the live planner handed it to the controller (its plan is set ``plan_delays_ns``
     after the end); a graph the live run planned no next graph for (its request's end
     reached the controller first) is handed over after REQUEST_END, one it planned for
-    before it: the side of that race the live run was on.
+    before it: the side of that race the live run was on. A plan solved after its
+    request ended is dropped (never set), as the live governor does: those
+    ``plans_dropped`` when given, else those whose request's end came before the set.
     With ``live_applied``, the replay's timer thread also wakes as late as the live one
     did for a deadline both executors had (same graph, same offset from DECODE_BEGIN):
     the live log carries each timer switch's deadline (``Applied.due_ns``); a deadline
@@ -512,7 +530,9 @@ def replay(
             raise ValueError("live_applied needs live_begin_ns (DECODE_BEGIN per graph)")
         r.use_live_log(list(live_applied), live_begin_ns, live_log_cutoff_ns or {})
     if graph_inputs_ns is not None and plan_delays_ns is not None:
-        r._planned_live = set(plan_delays_ns)
+        r._planned_live = set(plan_delays_ns) | set(plans_dropped or ())
+    if plans_dropped is not None:
+        r._dropped_live = set(plans_dropped)
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
