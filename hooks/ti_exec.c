@@ -86,7 +86,7 @@ struct ti_exec {
 	uint32_t log_capacity;
 	pthread_t timer;
 	bool timer_started;
-	bool timer_rt; /* the timer thread got SCHED_FIFO (written once by it, informational) */
+	bool timer_rt; /* the timer thread got SCHED_FIFO (written once under mu, by it) */
 
 	/*
 	 * The executor lock. It guards every field from here to "end of mu" and
@@ -238,8 +238,10 @@ static int ti_actuate(struct ti_exec *ex, int32_t level)
 	return EINVAL;
 }
 
-/* Caller holds mu. Applies one switch unless stopped or already in effect. */
-static void ti_apply(struct ti_exec *ex, int32_t level, enum ti_source source, int32_t node)
+/* Caller holds mu. Applies one switch unless stopped or already in effect. due_ns: the
+ * timer deadline it fires for (-1 when not a timer switch), logged for lateness. */
+static void ti_apply_due(struct ti_exec *ex, int32_t level, enum ti_source source, int32_t node,
+			 int64_t due_ns)
 {
 	struct ti_applied rec;
 	int64_t t_ns, done_ns;
@@ -263,6 +265,7 @@ static void ti_apply(struct ti_exec *ex, int32_t level, enum ti_source source, i
 		.source = (int32_t)source,
 		.node = node,
 		.err = err,
+		.due_ns = due_ns,
 	};
 	ti_log(ex, &rec);
 	if (err != 0) {
@@ -273,6 +276,11 @@ static void ti_apply(struct ti_exec *ex, int32_t level, enum ti_source source, i
 	}
 	ex->cur_level = level;
 	ex->applied++;
+}
+
+static void ti_apply(struct ti_exec *ex, int32_t level, enum ti_source source, int32_t node)
+{
+	ti_apply_due(ex, level, source, node, -1);
 }
 
 /* ---- timers --------------------------------------------------------------------- */
@@ -323,9 +331,10 @@ static void ti_timers_drop(struct ti_exec *ex, uint64_t gen, bool graph_bound_on
 	ti_timers_recompute(ex);
 }
 
-/* A plan switch or checkpoint reached: feedback reference, planned level, floor. */
+/* A plan switch or checkpoint reached: feedback reference, planned level, floor.
+ * due_ns: a timer's deadline (-1 for a node switch). */
 static void ti_reach(struct ti_exec *ex, int32_t level, int64_t expect_ns, uint64_t gen,
-		     enum ti_source source, int32_t node)
+		     enum ti_source source, int32_t node, int64_t due_ns)
 {
 	bool mine = ex->graph_active && gen == ex->act_gen;
 
@@ -335,7 +344,7 @@ static void ti_reach(struct ti_exec *ex, int32_t level, int64_t expect_ns, uint6
 		return;
 	if (mine)
 		ex->planned_level = level;
-	ti_apply(ex, level > ex->fb_floor ? level : ex->fb_floor, source, node);
+	ti_apply_due(ex, level > ex->fb_floor ? level : ex->fb_floor, source, node, due_ns);
 }
 
 /* Fires the timers due at or before now_ns, earliest first (then plan order). */
@@ -354,7 +363,7 @@ static void ti_fire_due(struct ti_exec *ex, int64_t now_ns)
 		t = ex->timers[best];
 		ex->timers[best] = ex->timers[--ex->n_timers];
 		ti_timers_recompute(ex);
-		ti_reach(ex, t.level, t.expect_ns, t.gen, TI_SRC_TIMER, -1);
+		ti_reach(ex, t.level, t.expect_ns, t.gen, TI_SRC_TIMER, -1, t.due_ns);
 	}
 }
 
@@ -521,7 +530,7 @@ static void ti_node_locked(struct ti_exec *ex, int32_t ordinal, bool ask, int64_
 						break;
 					ex->node_cursor++;
 					ti_reach(ex, sw->level, sw->expect_ns, s->gen, TI_SRC_NODE,
-						 ordinal);
+						 ordinal, -1);
 				}
 			}
 		}
@@ -625,9 +634,10 @@ static void *ti_timer_main(void *arg)
 	 * (a rooted phone has it); without it the thread keeps its normal priority. The
 	 * thread sleeps between switches and does microseconds of work per switch.
 	 */
-	ex->timer_rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &rt) == 0;
+	bool rt_ok = pthread_setschedparam(pthread_self(), SCHED_FIFO, &rt) == 0;
 
 	ti_lock(ex);
+	ex->timer_rt = rt_ok;
 	while (!ex->stopped) {
 		ti_fire_due(ex, ti_clock_ns());
 		ti_run_deferred(ex);
@@ -880,6 +890,11 @@ static void ti_set_late(struct ti_exec *ex, int idx, int64_t now_ns)
 
 TI_API int ti_exec_set_plan(struct ti_exec *ex, const struct ti_plan *plan)
 {
+	return ti_exec_set_plan_at(ex, plan, NULL);
+}
+
+TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, int64_t *t_ns)
+{
 	int64_t now_ns;
 	uint32_t i;
 	int idx;
@@ -888,6 +903,8 @@ TI_API int ti_exec_set_plan(struct ti_exec *ex, const struct ti_plan *plan)
 		return -EINVAL;
 	ti_lock(ex);
 	now_ns = ti_clock_ns();
+	if (t_ns != NULL)
+		*t_ns = now_ns;
 	ti_fire_due(ex, now_ns);
 	idx = ti_free_slot(ex);
 	ex->plans_set++;
@@ -1030,6 +1047,7 @@ TI_API void ti_exec_status(struct ti_exec *ex, struct ti_exec_status *out)
 		.failed_errno = ex->failed_errno,
 		.cur_level = ex->cur_level,
 		.stopped = ex->stopped ? 1 : 0,
+		.timer_rt = ex->timer_rt ? 1 : 0,
 	};
 	ti_unlock(ex);
 }
@@ -1052,7 +1070,7 @@ static const struct ti_abi_field ti_abi_fields[] = {
 	TI_F(ti_plan, n_switches),   TI_F(ti_plan, switches),	  TI_F(ti_applied, t_ns),
 	TI_F(ti_applied, freq_hz),   TI_F(ti_applied, cost_ns),	  TI_F(ti_applied, graph),
 	TI_F(ti_applied, level),     TI_F(ti_applied, source),	  TI_F(ti_applied, node),
-	TI_F(ti_applied, err),	     TI_F(ti_exec_config, n_levels),
+	TI_F(ti_applied, err),	     TI_F(ti_applied, due_ns),	  TI_F(ti_exec_config, n_levels),
 	TI_F(ti_exec_config, log_capacity), TI_F(ti_exec_config, actuator),
 	TI_F(ti_exec_config, initial_level), TI_F(ti_exec_config, initial_floor),
 	TI_F(ti_exec_config, initial_ceiling), TI_F(ti_exec_config, record_cost_ns),
@@ -1063,7 +1081,7 @@ static const struct ti_abi_field ti_abi_fields[] = {
 	TI_F(ti_exec_status, log_overflow), TI_F(ti_exec_status, deferred),
 	TI_F(ti_exec_status, defer_overflow), TI_F(ti_exec_status, plans_set),
 	TI_F(ti_exec_status, failed_errno), TI_F(ti_exec_status, cur_level),
-	TI_F(ti_exec_status, stopped),
+	TI_F(ti_exec_status, stopped), TI_F(ti_exec_status, timer_rt),
 };
 
 TI_API int64_t ti_exec_struct_size(const char *name)

@@ -81,6 +81,7 @@ struct ti_applied {
 	int32_t source;  /* enum ti_source */
 	int32_t node;    /* ordinal for NODE and FEEDBACK switches, else -1 */
 	int32_t err;     /* 0, or the errno that stopped the executor */
+	int64_t due_ns;  /* TIMER: the deadline it fired for (t_ns - due_ns = lateness); else -1 */
 };
 
 struct ti_exec_config {
@@ -108,7 +109,7 @@ struct ti_exec_status {
 	int32_t failed_errno;    /* 0 = ok; else the actuator error that stopped us */
 	int32_t cur_level;       /* level in effect, -1 unknown */
 	int32_t stopped;
-	int32_t reserved;
+	int32_t timer_rt;        /* 1: the timer thread runs SCHED_FIFO; 0: normal priority */
 };
 
 struct ti_exec;
@@ -125,6 +126,10 @@ TI_API void ti_exec_stop(struct ti_exec *ex);
 TI_API void ti_exec_destroy(struct ti_exec *ex);
 /* Copies the plan (pending, or active at once when late). 0 or -EINVAL. */
 TI_API int ti_exec_set_plan(struct ti_exec *ex, const struct ti_plan *plan);
+/* The same; when t_ns is not NULL it receives the executor's clock at which it took the
+ * plan (what passed switches and due TIME switches are judged at; replay sets the plan
+ * at the same instant). */
+TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, int64_t *t_ns);
 /* Before each graph (ti_hook_begin_graph calls it when an executor is attached). */
 TI_API void ti_exec_graph_begin(struct ti_exec *ex, uint64_t graph_seq);
 /* From the eval callback: never waits (trylock; hands the event over when busy). */

@@ -99,16 +99,13 @@ def test_tmpc_steers_a_fake_mali_devfreq_gpu_while_gemma_decodes(tmp_path, gemma
 
 @pytest.mark.slow
 @pytest.mark.model
-@pytest.mark.xfail(
-    reason="issue 11, open: switch agreement 0.41-0.57 and applied vs replay energy "
-    "within 1-20% on the loaded build host (controller inputs already match graph by "
-    "graph); the executor's timer runs late under load",
-    strict=False,
-)
 def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
     """gemma live on the recording actuator (simulated device), then its own recording
-    replayed through a fresh tmpc in pass-through timing with the live plan delays and
-    the switches the live executor applied: the two switch logs match."""
+    replayed through a fresh tmpc in pass-through timing, on the recording's clock, with
+    the live run's timing only -- when each graph reached the planner and its plan the
+    executor, how late the timer thread woke for each deadline, the switches the live
+    executor applied (what the controller saw) -- never its levels: the two switch logs
+    match, switch by switch (same level, same order, same place)."""
     llm = Llama(
         model_path=str(gemma_gguf),
         verbose=False,
@@ -140,7 +137,13 @@ def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
     events, meta = load_trace(trace)
     segs = Timeline.from_events(events).segments()
     begin = {ev.graph: ev.t_ns for ev in events if ev.kind is EventKind.DECODE_BEGIN}
-    dev = SimGpu("adreno650")
+    # the recording's clock: the controller's float arithmetic on absolute times is then
+    # bit for bit the live one's (a translated clock can flip a near-tie in its solver)
+    dev = SimGpu("adreno650", start_ns=segs[0].t_ns)
+
+    def per_graph(key: str) -> dict[int, int]:
+        return {int(k): v for k, v in meta[key].items()}
+
     got = replay(
         segs,
         make_controller("tmpc", **for_device(dev)),
@@ -148,11 +151,17 @@ def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
         timing="recorded",
         granularity="graph",
         counters=False,
-        plan_delays_ns={int(k): v for k, v in meta["plan_delay_ns"].items()},
+        plan_delays_ns=per_graph("plan_delay_ns"),
+        graph_inputs_ns=per_graph("graph_input_ns"),
+        plans_dropped=meta["plans_dropped"],
         live_applied=live,
         live_begin_ns=begin,
-        live_log_cutoff_ns={int(k): v for k, v in meta["log_cutoff_ns"].items()},
+        live_log_cutoff_ns=per_graph("log_cutoff_ns"),
     )
+    # pass-through, on the recording's clock: every graph begins where it did live
+    assert all(begin[g] == t for g, t in got.graph_begin_ns.items())
     tol = dev.capabilities.switch_latency_ns
     agree = compare_switch_logs(live, begin, got.applied, got.graph_begin_ns, tolerance_ns=tol)
-    assert agree.fraction >= 0.95, agree
+    late_ns = sorted(a.t_ns - a.due_ns for a in live if a.source == "timer") or [0]
+    assert agree.fraction >= 0.95, (agree, "live timer lateness ns (median, max)",
+                                    late_ns[len(late_ns) // 2], late_ns[-1])  # fmt: skip

@@ -290,7 +290,9 @@ class SimulatedAccount:
         try:
             if not trace.tokens:
                 return
-            dev = SimGpu(self.device.profile)
+            # on the recorded clock: the pass-through controller keeps its state (request
+            # ends, switch history) across requests, so its clock must not restart at 0
+            dev = SimGpu(self.device.profile, start_ns=req[0].t_ns)
             issued: list[tuple[int, int]] = []
             set_hz = dev.set_hz
 
@@ -299,9 +301,21 @@ class SimulatedAccount:
                 return set_hz(hz)
 
             dev.set_hz = logged  # type: ignore[method-assign]
-            t_v0 = dev.now_ns()
-            replay(req, self.pass_through, dev, timing="recorded")
-            t_rec = _recording_clock(req, [t - t_v0 for t, _ in issued])
+            # with the live run's timing (when each graph reached the planner and its
+            # plan the executor; engine timing alone), so it is a replay of this run;
+            # recorded timing keeps the recording's clock, so its switch times are
+            # recording times already
+            replay(
+                req,
+                self.pass_through,
+                dev,
+                timing="recorded",
+                counters=False,
+                plan_delays_ns=dict(self.loop.plan_delay_ns),
+                graph_inputs_ns=dict(self.loop.graph_input_ns),
+                plans_dropped=set(self.loop.plans_dropped),
+            )
+            t_rec = [t for t, _ in issued]
             profile = self.device.profile
             rep = applied_energy(trace, profile, trace.place(t_rec, [h for _, h in issued]))
             got = applied_energy(trace, profile, live)
@@ -407,20 +421,6 @@ class SimulatedAccount:
         self.loop.close()
         self.device.close()
         self.shadow.close()
-
-
-def _recording_clock(segments: list[Segment], t_ns: list[int]) -> list[int]:
-    """Times of a pass-through replay of ``segments`` (``timing="recorded"``: each
-    segment lasts its recorded ``dur_ns``; ns from the replay's start) on the
-    recording's clock, so its switches are placed like the live loop's."""
-    import numpy as np
-
-    dur = np.fromiter((max(s.dur_ns, 0) for s in segments), dtype=np.int64, count=len(segments))
-    start = np.concatenate([[0], np.cumsum(dur)[:-1]])
-    rec = np.fromiter((s.t_ns for s in segments), dtype=np.int64, count=len(segments))
-    t = np.asarray(t_ns, dtype=np.int64)
-    i = np.clip(np.searchsorted(start, t, side="right") - 1, 0, len(segments) - 1)
-    return (rec[i] + t - start[i]).tolist()
 
 
 def _split_requests(segments: list[Segment]) -> list[list[Segment]]:

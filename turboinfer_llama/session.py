@@ -190,8 +190,8 @@ class PowerSession:
         if full:
             self._wake.set()
 
-    def emit(self, kind: EventKind, **fields: Any) -> Event:
-        event = Event(kind, now_ns(), **fields)
+    def emit(self, kind: EventKind, t_ns: int | None = None, **fields: Any) -> Event:
+        event = Event(kind, now_ns() if t_ns is None else t_ns, **fields)
         self._push(event)
         if self._loop is not None:
             self._loop.on_event(event)
@@ -221,10 +221,14 @@ class PowerSession:
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
+        # the decode ended now, where the executor's end-of-graph switch lands: the
+        # drain below may wait for the GIL (the planner holds it) for milliseconds,
+        # which belongs to the stall after the graph, not to its kernels
+        t_end = now_ns()
         if self._loop is not None:  # first: the executor's end-of-graph switch
             self._loop.graph_end()
         raw = self._drain()
-        ev = self.emit(EventKind.DECODE_END, graph=self._graph)
+        ev = self.emit(EventKind.DECODE_END, t_end, graph=self._graph)
         if self._loop is not None:
             t_begin, n_tokens = self._decode_begin
             self._loop.on_decode_end(
@@ -474,6 +478,8 @@ class PowerSession:
             # when each graph's plan was set, live: replay models the same delays
             meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
             meta.setdefault("log_cutoff_ns", {str(g): d for g, d in loop.log_cutoff_ns.items()})
+            meta.setdefault("graph_input_ns", {str(g): d for g, d in loop.graph_input_ns.items()})
+            meta.setdefault("plans_dropped", sorted(loop.plans_dropped))
         tl = self.timeline
         return str(save_trace(path, tl.events(), {**meta, "window": tl.window()}))
 

@@ -69,9 +69,12 @@ class ModelStatus:
 class ExecutorModel:
     """One executor over ``levels_hz`` (ascending). ``initial_level``: the level in
     effect at creation (-1 unknown). ``log`` holds every applied switch, oldest first;
-    each is logged at the time of the call that fired it (a timer switch at its due
-    time). ``fail_at``: test hook, a callable ``level -> errno`` (0 = ok) standing in
-    for the actuator."""
+    each is logged at the time of the call that fired it, as the native executor logs
+    its clock at the actuator call: a timer switch at the ``advance`` (the timer
+    thread's wake-up) or entry point that fired it, with its deadline in ``due_ns`` (a
+    timer that wakes late, or a ``TIME`` switch already past when its plan is set,
+    lands after its deadline). ``fail_at``: test hook, a callable ``level -> errno``
+    (0 = ok) standing in for the actuator."""
 
     def __init__(
         self,
@@ -191,8 +194,15 @@ class ExecutorModel:
             return None
         return min(t.due_ns for t in self._timers)
 
+    @property
+    def graph_seq(self) -> int:
+        """The sequence number of the current (or last) graph: what a switch fired now
+        is logged with."""
+        return self._seq
+
     def advance(self, now_ns: int) -> None:
-        """Fire the timer switches due at or before ``now_ns`` (the timer thread)."""
+        """Fire the timer switches due at or before ``now_ns`` (the timer thread waking
+        at ``now_ns``: they are logged at ``now_ns``)."""
         self._fire_due(now_ns)
 
     def stop(self) -> None:
@@ -213,7 +223,7 @@ class ExecutorModel:
             if sw.anchor != Anchor.TIME and sw.key < 0:
                 raise ValueError(f"{sw.anchor.name} switch with negative key {sw.key}")
 
-    def _apply(self, level: int, source: str, node: int, t_ns: int) -> None:
+    def _apply(self, level: int, source: str, node: int, t_ns: int, due_ns: int = -1) -> None:
         st = self.status
         if st.stopped or level < 0:
             return
@@ -221,7 +231,9 @@ class ExecutorModel:
             st.skipped += 1
             return
         err = int(self._actuate(level)) if callable(self._actuate) else 0
-        self.log.append(Applied(t_ns, level, self.levels_hz[level], 0, source, self._seq, node))
+        self.log.append(
+            Applied(t_ns, level, self.levels_hz[level], 0, source, self._seq, node, due_ns)
+        )
         if err:
             st.stopped = True
             st.failed_errno = err
@@ -241,7 +253,14 @@ class ExecutorModel:
         ]
 
     def _reach(
-        self, level: int, expect_ns: int, gen: int, source: str, node: int, t_ns: int
+        self,
+        level: int,
+        expect_ns: int,
+        gen: int,
+        source: str,
+        node: int,
+        t_ns: int,
+        due_ns: int = -1,
     ) -> None:
         mine = self._graph_active and gen == self._act_gen
         if mine and expect_ns >= 0:
@@ -250,7 +269,7 @@ class ExecutorModel:
             return
         if mine:
             self._planned = level
-        self._apply(max(level, self._fb_floor), source, node, t_ns)
+        self._apply(max(level, self._fb_floor), source, node, t_ns, due_ns)
 
     def _fire_due(self, now_ns: int) -> None:
         while self._timers and not self.status.stopped:
@@ -258,7 +277,7 @@ class ExecutorModel:
             if t.due_ns > now_ns:
                 return
             self._timers.remove(t)
-            self._reach(t.level, t.expect_ns, t.gen, "timer", -1, t.due_ns)
+            self._reach(t.level, t.expect_ns, t.gen, "timer", -1, now_ns, t.due_ns)
 
     def _mismatch(self, slot: _Slot) -> None:
         self._mismatched = True

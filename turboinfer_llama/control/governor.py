@@ -48,6 +48,7 @@ from .plan import Applied, Plan
 log = logging.getLogger(__name__)
 
 _PLAN_EVENTS = (EventKind.DECODE_END, EventKind.REQUEST_END, EventKind.IDLE)
+_BOUNDARIES = (EventKind.REQUEST_BEGIN, EventKind.REQUEST_END, EventKind.IDLE)
 
 
 class Governor:
@@ -105,8 +106,16 @@ class Governor:
         self.applied_entries: deque[Applied] = deque(maxlen=200_000)
         # graph -> ns from its end until its plan was set (replay models the same delay)
         self.plan_delay_ns: dict[int, int] = {}
-        # graph -> ns from its end until the executor log was read for its planning
+        # graph -> the last switch handed to the controller before its planning, as ns
+        # from the graph's end (the log is in time order: replay hands it the same ones)
         self.log_cutoff_ns: dict[int, int] = {}
+        self._drained_upto_ns: int | None = None  # t_ns of the last switch drained
+        # graph -> ns from its end until the planner handed it to the controller
+        self.graph_input_ns: dict[int, int] = {}
+        # graphs whose plan was solved after their request ended (a request boundary
+        # reached the engine thread after the graph's end): dropped, never set
+        self.plans_dropped: set[int] = set()
+        self._boundary_ns = -1  # t_ns of the last request boundary event seen
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
@@ -195,6 +204,8 @@ class Governor:
         timestamps and small decisions, and learn in ``on_graph`` (see control/base.py)."""
         with self._lock:
             self.events += 1
+            if event.kind in _BOUNDARIES:
+                self._boundary_ns = max(self._boundary_ns, event.t_ns)
             if self.failed:
                 return
             self._apply_due(self._clock())
@@ -316,8 +327,12 @@ class Governor:
                 return
             t_drain = now_ns()
             self._collect_log()
+            if self._drained_upto_ns is not None:
+                t_drain = self._drained_upto_ns
             applied, self._pending_applied = self._pending_applied, []
         with self._ctl_lock:  # controller learning: this thread only, never the engine's
+            if len(self.graph_input_ns) < 1_000_000:
+                self.graph_input_ns[graph] = now_ns() - t1
             if self._on_applied is not None:
                 self._on_applied(applied)
             if self._on_counters is not None and self.feedback != "engine-only":
@@ -325,10 +340,18 @@ class Governor:
             plan = self._on_graph(batch) if self._on_graph is not None else None
         time.sleep(0)
         with self._lock:
+            if plan is not None and self._boundary_ns > t1:
+                # planned for a graph of a request that has ended: setting it now would
+                # replace the plan its end (or the next request's begin) answered with
+                if len(self.plans_dropped) < 1_000_000:
+                    self.plans_dropped.add(graph)
+                plan = None
             if plan is not None and not self.failed:
-                self._set_plan(plan)
+                # when the executor took it (its own clock, not after the call returns:
+                # that may wait for the GIL): replay sets the plan at the same instant
+                t_set = self._set_plan(plan) or now_ns()
                 if len(self.plan_delay_ns) < 1_000_000:
-                    self.plan_delay_ns[graph] = now_ns() - t1
+                    self.plan_delay_ns[graph] = t_set - t1
                     self.log_cutoff_ns[graph] = t_drain - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
@@ -346,6 +369,7 @@ class Governor:
             return
         new = ex.drain_log()
         if new:
+            self._drained_upto_ns = new[-1].t_ns
             pairs = [(a.t_ns, a.level) for a in new]
             self.applied_entries.extend(new)
             self.applied += len(new)
@@ -378,11 +402,13 @@ class Governor:
 
     # ---- switches ------------------------------------------------------------------
 
-    def _set_plan(self, plan: Plan) -> None:
+    def _set_plan(self, plan: Plan) -> int | None:
+        """Hand ``plan`` to the executor; the executor's clock when it took it."""
         ex = self.executor
         if ex is not None and not self.failed:
             self._last_plan = plan
-            ex.set_plan(_clamped(plan, self._cap_level))
+            return ex.set_plan(_clamped(plan, self._cap_level))
+        return None
 
     def _push(self, d: Decision) -> None:
         self._seq += 1

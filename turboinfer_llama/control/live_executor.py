@@ -34,7 +34,10 @@ class LiveExecutor(Protocol):
         """Receive the eval callback's node events; False when it cannot."""
         ...
 
-    def set_plan(self, plan: Plan) -> None: ...
+    def set_plan(self, plan: Plan) -> int:
+        """Hand over a plan; returns the executor's clock (ns) when it took it."""
+        ...
+
     def graph_begin(self, graph: int) -> None: ...
     def graph_end(self) -> None: ...
     def switch_now(self, level: int) -> None: ...
@@ -98,12 +101,14 @@ class ThreadedExecutor:
     def attach(self, hook: Any) -> bool:
         return False
 
-    def set_plan(self, plan: Plan) -> None:
+    def set_plan(self, plan: Plan) -> int:
         # no node boundaries here: node counts cannot be checked
         plan = dataclasses.replace(plan, n_nodes=0)
         with self._lock:
-            self._model.set_plan(plan, now_ns())
+            t = now_ns()
+            self._model.set_plan(plan, t)
         self._wake.set()
+        return t
 
     def graph_begin(self, graph: int) -> None:
         with self._lock:
@@ -188,10 +193,10 @@ class NativeLiveExecutor:
         self._attached = True
         return True
 
-    def set_plan(self, plan: Plan) -> None:
+    def set_plan(self, plan: Plan) -> int:
         if not self._attached:
             plan = dataclasses.replace(plan, n_nodes=0)
-        self._ex.set_plan(plan)
+        return int(self._ex.set_plan(plan))
 
     def graph_begin(self, graph: int) -> None:
         if not self._attached:  # an attached hook's begin_graph does it natively

@@ -111,3 +111,5 @@ class Applied:
     source: str  # "first" | "node" | "timer" | "feedback" | "end" | "fallback" | "now"
     graph: int
     node: int  # node ordinal for node-keyed and feedback switches, else -1
+    # a timer switch's deadline (its lateness is t_ns - due_ns); -1 for other sources
+    due_ns: int = -1

@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,9 @@ TIMINGS = ("sim", "recorded")
 # (worker wake-up, numpy ingest, plan solve); measured on the build host by
 # ``python -m turboinfer_llama.bench.decision_time`` (ingest + solve) plus a wake-up.
 PLAN_DELAY_NS = 300_000
+# a replayed timer deadline and a live one are the same when this close (ns): both are
+# a graph's first ask + the same offset, or the same TIME key, on clocks a whole ns apart
+TIMER_MATCH_NS = 1_000
 LAYER_OUT_PREFIX_STR = "l_out-"
 
 
@@ -125,13 +128,24 @@ class _Runner:
         cur = device.current_hz()
         init = self.levels.index(cur) if cur in self.levels else -1
         self.ex = ExecutorModel(self.levels, initial_level=init, fail_at=self._actuate)
-        self.graph_q: list[tuple[int, int, GraphBatch]] = []  # (due, seq, batch)
+        # (due: the controller gets it, seq, batch, plan set this long after its end)
+        self.graph_q: list[tuple[int, int, GraphBatch, int]] = []
+        # (due, seq, plan, its graph, the graph's end): solved, not set yet
+        self.set_q: list[tuple[int, int, Plan, int, int]] = []
+        self._boundary_ns = -1  # last request boundary event (begin, end, idle)
+        self._dropped_live: set[int] | None = None
+        # graphs the live run planned no next graph for (its request ended first): held
+        # until the request's end reaches the controller, as it did live
+        self._held: set[int] = set()
+        self._planned_live: set[int] | None = None
         self._log_seen = 0
         self.plans = 0
         self.graph_begin_ns: dict[int, int] = {}
         self._live_log: list[Applied] | None = None
         self._live_begin: Mapping[int, int] = {}
         self._live_cutoff: Mapping[int, int] = {}
+        # graph -> sorted (deadline - DECODE_BEGIN, how late the live timer fired)
+        self._live_late: dict[int, list[tuple[int, int]]] = {}
 
     def _actuate(self, level: int) -> int:
         """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
@@ -152,6 +166,8 @@ class _Runner:
         self.deliver_graphs()
         now = self.dev.now_ns()
         ev = Event(kind, now, **kw)
+        if kind in (EventKind.REQUEST_BEGIN, EventKind.REQUEST_END, EventKind.IDLE):
+            self._boundary_ns = now
         t0 = time.perf_counter_ns()
         d = self.ctl.on_event(ev)
         plan = self.ctl.plan(now) if isinstance(d, Decision) else None
@@ -174,13 +190,33 @@ class _Runner:
             shape=node.shape,
         )
 
-    def graph_done(self, batch: GraphBatch, delay_ns: int) -> None:
-        """The graph's records reach the controller's worker ``delay_ns`` after the
-        decode returned (live: the worker wakes, ingests and solves meanwhile)."""
+    def graph_done(
+        self, batch: GraphBatch, delay_ns: int, input_ns: int | None = None, *, last: bool = False
+    ) -> None:
+        """The graph's records reach the controller ``input_ns`` after the decode
+        returned, and its plan reaches the executor ``delay_ns`` after it (live: the
+        worker wakes, ingests and solves meanwhile; ``input_ns`` None: both at once).
+        ``last``: the request's last graph."""
         if self.on_graph is None:
             return
         self._seq += 1
-        bisect.insort(self.graph_q, (self.dev.now_ns() + delay_ns, self._seq, batch))
+        now = self.dev.now_ns()
+        given = min(input_ns, delay_ns) if input_ns is not None else delay_ns
+        if last and self._planned_live is not None and batch.graph not in self._planned_live:
+            self._held.add(batch.graph)
+        bisect.insort(self.graph_q, (now + given, self._seq, batch, now + delay_ns))
+
+    def request_ended(self, ended: bool) -> None:
+        """Around REQUEST_END: before it (``ended`` False), hand the controller the
+        graphs the live run planned a next graph for (it did so before it saw the end);
+        after it, release those it planned none for (it saw the end first)."""
+        if ended:
+            self._held.clear()
+            self.deliver_graphs()
+            return
+        while self.graph_q and self.graph_q[0][2].graph not in self._held:
+            item = self.graph_q.pop(0)
+            self._deliver(item[2], item[3])
 
     def use_live_log(
         self, log: list[Applied], begin_ns: Mapping[int, int], cutoff_ns: Mapping[int, int]
@@ -188,6 +224,30 @@ class _Runner:
         self._live_log = log
         self._live_begin = begin_ns
         self._live_cutoff = cutoff_ns
+        late: dict[int, list[tuple[int, int]]] = {}
+        for a in log:
+            l0 = begin_ns.get(a.graph)
+            if a.source == "timer" and a.due_ns >= 0 and l0 is not None:
+                late.setdefault(a.graph, []).append((a.due_ns - l0, max(0, a.t_ns - a.due_ns)))
+        self._live_late = {g: sorted(v) for g, v in late.items()}
+
+    def _timer_wake(self) -> int | None:
+        """When the executor's timer thread wakes for its next deadline: at the
+        deadline, or, replaying a live run, as late as the live timer thread fired the
+        switch with the same deadline (same graph, same offset from DECODE_BEGIN; only
+        a switch the replay's own plan put at that very deadline is delayed)."""
+        due = self.ex.due()
+        if due is None or not self._live_late:
+            return due
+        g = self.ex.graph_seq
+        v0, lates = self.graph_begin_ns.get(g), self._live_late.get(g)
+        if v0 is None or not lates:
+            return due
+        off = due - v0
+        i = bisect.bisect_left(lates, (off - TIMER_MATCH_NS, -1))
+        if i < len(lates) and abs(lates[i][0] - off) <= TIMER_MATCH_NS:
+            return due + lates[i][1]
+        return due
 
     def _applied_since(self, now: int) -> list[tuple[int, int]]:
         """Switches applied since the last call: the replay executor's, or the live
@@ -216,19 +276,41 @@ class _Runner:
     def deliver_graphs(self) -> None:
         now = self.dev.now_ns()
         while self.graph_q and self.graph_q[0][0] <= now:
-            _, _, batch = self.graph_q.pop(0)
-            t0 = time.perf_counter_ns()
-            if self.on_applied is not None:
-                cut = self._live_cutoff.get(batch.graph) if self._live_log is not None else None
-                upto = batch.t_end_ns + cut if cut is not None else now
-                self.on_applied(self._applied_since(min(upto, now)))
-            if self.on_counters is not None:
-                self.on_counters(self.dev.read_counters())
-            plan = self.on_graph(batch) if self.on_graph is not None else None
-            self.graph_times_ns.append(time.perf_counter_ns() - t0)
-            if plan is not None:
-                self.plans += 1
-                self.ex.set_plan(plan, now)
+            if self.graph_q[0][2].graph in self._held:
+                break
+            item = self.graph_q.pop(0)
+            self._deliver(item[2], item[3])
+        while self.set_q and self.set_q[0][0] <= now:
+            _, _, plan, graph, t_end = self.set_q.pop(0)
+            self._set(plan, graph, t_end, now)
+
+    def _set(self, plan: Plan, graph: int, t_end: int, now: int) -> None:
+        """Set a solved plan, unless its request has ended meanwhile (as the live
+        governor drops it: it would replace the plan the request's end, or the next
+        request's begin, answered with); replaying a live run, as it did."""
+        dropped = self._dropped_live
+        if (graph in dropped) if dropped is not None else self._boundary_ns > t_end:
+            return
+        self.ex.set_plan(plan, now)
+
+    def _deliver(self, batch: GraphBatch, set_due: int) -> None:
+        now = self.dev.now_ns()
+        t0 = time.perf_counter_ns()
+        if self.on_applied is not None:
+            cut = self._live_cutoff.get(batch.graph) if self._live_log is not None else None
+            upto = batch.t_end_ns + cut if cut is not None else now
+            self.on_applied(self._applied_since(min(upto, now)))
+        if self.on_counters is not None:
+            self.on_counters(self.dev.read_counters())
+        plan = self.on_graph(batch) if self.on_graph is not None else None
+        self.graph_times_ns.append(time.perf_counter_ns() - t0)
+        if plan is not None:
+            self.plans += 1
+            if set_due > now:
+                self._seq += 1
+                bisect.insort(self.set_q, (set_due, self._seq, plan, batch.graph, batch.t_end_ns))
+            else:
+                self._set(plan, batch.graph, batch.t_end_ns, now)
 
     def _replace_plan(self, plan: list[Decision]) -> None:
         self.plan_q = []
@@ -250,8 +332,10 @@ class _Runner:
         self.apply_due()
 
     def next_due(self) -> int | None:
-        heads = [q[0][0] for q in (self.event_q, self.plan_q, self.graph_q) if q]
-        ex = self.ex.due()
+        heads = [q[0][0] for q in (self.event_q, self.plan_q, self.set_q) if q]
+        if self.graph_q and self.graph_q[0][2].graph not in self._held:
+            heads.append(self.graph_q[0][0])
+        ex = self._timer_wake()
         if ex is not None:
             heads.append(ex)
         return min(heads) if heads else None
@@ -259,7 +343,9 @@ class _Runner:
     def apply_due(self) -> None:
         now = self.dev.now_ns()
         self.deliver_graphs()
-        self.ex.advance(now)
+        wake = self._timer_wake()
+        if wake is not None and wake <= now:  # the timer thread, awake: fires what is due
+            self.ex.advance(now)
         while True:
             heads = [q for q in (self.event_q, self.plan_q) if q and q[0][0] <= now]
             if not heads:
@@ -379,6 +465,8 @@ def replay(
     live_applied: Sequence[Applied] | None = None,
     live_begin_ns: Mapping[int, int] | None = None,
     live_log_cutoff_ns: Mapping[int, int] | None = None,
+    graph_inputs_ns: Mapping[int, int] | None = None,
+    plans_dropped: Collection[int] | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -403,6 +491,18 @@ def replay(
     are still what the result reports, for comparing the two.
     ``live_log_cutoff_ns``: per graph, how long after its end the live planner read
     the executor's log (switches after that reach the controller with the next graph).
+    ``graph_inputs_ns`` (with ``plan_delays_ns``): per graph, how long after its end
+    the live planner handed it to the controller (its plan is set ``plan_delays_ns``
+    after the end); a graph the live run planned no next graph for (its request's end
+    reached the controller first) is handed over after REQUEST_END, one it planned for
+    before it: the side of that race the live run was on. A plan solved after its
+    request ended is dropped (never set), as the live governor does: those
+    ``plans_dropped`` when given, else those whose request's end came before the set.
+    With ``live_applied``, the replay's timer thread also wakes as late as the live one
+    did for a deadline both executors had (same graph, same offset from DECODE_BEGIN):
+    the live log carries each timer switch's deadline (``Applied.due_ns``); a deadline
+    only the replay has fires on time. With ``timing="recorded"``, time the recording
+    covers without a segment (a request's last sampling, its preparation) passes too.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
@@ -429,6 +529,10 @@ def replay(
         if live_begin_ns is None:
             raise ValueError("live_applied needs live_begin_ns (DECODE_BEGIN per graph)")
         r.use_live_log(list(live_applied), live_begin_ns, live_log_cutoff_ns or {})
+    if graph_inputs_ns is not None and plan_delays_ns is not None:
+        r._planned_live = set(plan_delays_ns) | set(plans_dropped or ())
+    if plans_dropped is not None:
+        r._dropped_live = set(plans_dropped)
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
@@ -444,7 +548,7 @@ def replay(
     done_ns: list[int] = []
     ordinal = 0
 
-    def end_graph() -> None:
+    def end_graph(last: bool = False) -> None:
         nonlocal in_graph, prefill_open
         if not in_graph:
             return
@@ -459,14 +563,17 @@ def replay(
         if started == graph and nodes and ask_ns:
             batch = _batch(graph, nodes, gran, t_begin, ask_ns, done_ns, now, costs)
             delay = plan_delays_ns.get(graph, plan_delay_ns) if plan_delays_ns else plan_delay_ns
-            r.graph_done(batch, delay)
+            given = graph_inputs_ns.get(graph) if graph_inputs_ns is not None else None
+            r.graph_done(batch, delay, given, last=last)
         r.poll()
 
     def end_request() -> None:
         nonlocal request
         if request >= 0:
-            end_graph()
+            end_graph(last=True)
+            r.request_ended(False)
             r.emit(EventKind.REQUEST_END, detail=str(request))
+            r.request_ended(True)
             r.poll()
             request = -1
 
@@ -505,6 +612,7 @@ def replay(
             r.emit(EventKind.NODE_DONE, graph=graph, node=ordinal - 1)
         r.apply_due()
 
+    rec_end: int | None = None  # recorded end of the previous segment
     for seg in segments:
         if seg.request >= 0 and seg.request != request and seg.stall is not StallKind.IDLE:
             end_request()
@@ -512,6 +620,15 @@ def replay(
             r.request_begin[request] = device.now_ns()
             r.token_times[request] = []
             r.emit(EventKind.REQUEST_BEGIN, detail=str(request))
+        hole = seg.t_ns - rec_end if recorded and rec_end is not None else 0
+        rec_end = seg.t_ns + seg.dur_ns
+        if hole > 0:
+            # time the recording covers with no segment: a request's last sampling
+            # (decode end to REQUEST_END) and its preparation (REQUEST_BEGIN to its first
+            # decode). Pass-through keeps it, so REQUEST_END and REQUEST_BEGIN (and the
+            # plans they answer with) reach the controller when they did live.
+            end_graph(last=seg.stall is StallKind.IDLE)
+            r.gap(hole, StallKind.SAMPLE.value, seg.phase, timer=True)
         if seg.kind == "stall":
             kind = seg.stall or StallKind.IDLE
             if kind is StallKind.IDLE:

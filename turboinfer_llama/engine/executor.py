@@ -99,7 +99,7 @@ class _Status(ctypes.Structure):
         ("failed_errno", ctypes.c_int32),
         ("cur_level", ctypes.c_int32),
         ("stopped", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("timer_rt", ctypes.c_int32),
     ]
 
 
@@ -114,6 +114,7 @@ APPLIED_DTYPE = np.dtype(
         ("source", "<i4"),
         ("node", "<i4"),
         ("err", "<i4"),
+        ("due_ns", "<i8"),
     ]
 )
 
@@ -163,6 +164,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
             ("ti_exec_destroy", None, [vp]),
             ("ti_exec_stop", None, [vp]),
             ("ti_exec_set_plan", ctypes.c_int, [vp, ctypes.POINTER(_Plan)]),
+            (
+                "ti_exec_set_plan_at",
+                ctypes.c_int,
+                [vp, ctypes.POINTER(_Plan), ctypes.POINTER(ctypes.c_int64)],
+            ),
             ("ti_exec_graph_begin", None, [vp, u64]),
             ("ti_exec_on_node", None, [vp, i32, ctypes.c_bool, i64]),
             ("ti_exec_graph_end", None, [vp]),
@@ -273,8 +279,8 @@ def plan_struct(plan: Plan) -> _Plan:
 def applied_list(records: np.ndarray) -> list[Applied]:
     """Log records (``APPLIED_DTYPE``) as ``control.plan.Applied``."""
     return [
-        Applied(t, lv, hz, cost, SOURCES[src], g, node)
-        for t, hz, cost, g, lv, src, node in zip(
+        Applied(t, lv, hz, cost, SOURCES[src], g, node, due)
+        for t, hz, cost, g, lv, src, node, due in zip(
             records["t_ns"].tolist(),
             records["freq_hz"].tolist(),
             records["cost_ns"].tolist(),
@@ -282,6 +288,7 @@ def applied_list(records: np.ndarray) -> list[Applied]:
             records["level"].tolist(),
             records["source"].tolist(),
             records["node"].tolist(),
+            records["due_ns"].tolist(),
             strict=True,
         )
     ]
@@ -337,14 +344,19 @@ class NativeExecutor:
             raise ExecutorError("executor is closed")
         return self._handle
 
-    def set_plan(self, plan: Plan) -> None:
-        """Hand over the plan for the next graph (or the running one, when late)."""
+    def set_plan(self, plan: Plan) -> int:
+        """Hand over the plan for the next graph (or the running one, when late).
+        Returns the executor's clock (ns) at which it took the plan."""
         if len(plan.switches) > PLAN_MAX:
             raise ValueError(f"a plan holds at most {PLAN_MAX} switches")
+        t_ns = ctypes.c_int64(0)
         with self._lock:
-            rc = self._lib.ti_exec_set_plan(self._h(), ctypes.byref(plan_struct(plan)))
+            rc = self._lib.ti_exec_set_plan_at(
+                self._h(), ctypes.byref(plan_struct(plan)), ctypes.byref(t_ns)
+            )
         if rc != 0:
             raise ValueError(f"plan rejected by the executor (levels or anchors invalid): {plan}")
+        return int(t_ns.value)
 
     def graph_begin(self, graph_seq: int) -> None:
         """Only without a hook attached: an attached hook's begin_graph does it."""
@@ -387,7 +399,8 @@ class NativeExecutor:
     def status(self) -> dict[str, int]:
         """Counters: applied, skipped, mismatches, late_plans, log_overflow, deferred
         (callback events handed to the lock holder), defer_overflow, plans_set,
-        failed_errno (0 = ok), cur_level, stopped."""
+        failed_errno (0 = ok), cur_level, stopped, timer_rt (1: the timer thread got
+        SCHED_FIFO; 0: it runs at normal priority, and wakes late on a busy host)."""
         st = _Status()
         with self._lock:
             self._lib.ti_exec_status(self._h(), ctypes.byref(st))
