@@ -373,19 +373,21 @@ def test_model_due_and_advance_follow_virtual_time() -> None:
 
 
 def test_contended_lock_hands_events_over_and_loses_none() -> None:
-    """While the timer thread holds the executor lock in a slow switch (30 ms), the
+    """While the timer thread holds the executor lock in a slow switch (80 ms), the
     callback's events find it busy: they are handed over, never waited for, and every
-    planned NODE switch still lands, in order, at its ordinal."""
-    rounds, chunk, period = 6, 2_000, 100 * MS
+    planned NODE switch still lands, in order, at its ordinal. (The switch is long so
+    that a loaded 2-core host, where the SCHED_FIFO timer spins on one core, still
+    wakes the callback inside it.)"""
+    rounds, chunk, period = 6, 2_000, 150 * MS
     node_sw = tuple(Switch(Anchor.NODE, chunk * r + 1_000, 3 + r % 2) for r in range(rounds))
-    actuator = native_exec.RecordActuator(cost_ns=30 * MS)
+    actuator = native_exec.RecordActuator(cost_ns=80 * MS)
     with native_exec.NativeExecutor(LEVELS, actuator, log_capacity=1 << 12) as ex:
         t0 = now_ns()
         timer_sw = tuple(Switch(Anchor.TIME, t0 + period * (r + 1), r % 2) for r in range(rounds))
         ex.set_plan(Plan(first_level=2, switches=node_sw + timer_sw))
         ex.graph_begin(1)
         for r in range(rounds):
-            # 10 ms into the timer's 30 ms switch: the lock is busy
+            # 10 ms into the timer's 80 ms switch: the lock is busy
             time.sleep(max(0, t0 + period * (r + 1) + 10 * MS - now_ns()) / 1e9)
             ex.bench_nodes(chunk * r, chunk)  # native loop without the GIL
         time.sleep(0.1)
