@@ -3,6 +3,7 @@ unchanged, serving our Llama, plus /v1/power, /metrics and the energy headers.""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -142,8 +143,15 @@ def test_power_document(server):
 
 def test_metrics(server):
     server.client().completions.create(model=MODEL, prompt="a world", **GREEDY)
-    with server.http() as h:
-        r = h.get("/metrics")
+    # the worker derives the finished request's stalls after it returns: compare a
+    # /metrics read with /v1/power reads on either side of it that agree
+    for _ in range(50):
+        before = server.power()["stalls"]
+        with server.http() as h:
+            r = h.get("/metrics")
+        if server.power()["stalls"] == before:
+            break
+        time.sleep(0.1)
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
