@@ -68,6 +68,7 @@ behind the default governor.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 
 import numpy as np
 
@@ -83,6 +84,7 @@ _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # every this many graphs of a phase, one runs wholly at the top level: its measured
 # time is the latency reference (see TubeMPC._reference_ns)
 PROBE_EVERY = 24
+PROBES_KEPT = 3  # the reference is the median of this many recent probes
 
 
 class TubeMPC:
@@ -137,7 +139,7 @@ class TubeMPC:
         self._initial = self.top if init is None else int(np.argmin(np.abs(self.levels_hz - init)))
         # per phase: (measured ns of the last graph run wholly at the top level, the
         # model's top-level ns of that graph); graphs since, per phase
-        self._top_probe: dict[str, tuple[float, PhaseTemplate, float]] = {}
+        self._top_probe: dict[str, deque[tuple[float, PhaseTemplate, float]]] = {}
         # per phase: the lowest level a graph has spent a good share of its time at;
         # plans go at most one level below it (a level's time is known once run)
         self._lowest_seen: dict[str, int] = {}
@@ -364,27 +366,32 @@ class TubeMPC:
         can). The top-level time is measured, not modelled: every ``PROBE_EVERY``
         graphs of a phase one runs wholly at the top level (:meth:`_plan_next`), and
         graphs in between are scaled from it by the model's top-level ratio (context
-        growth), never above the graph's own measured time."""
+        growth), the median over the last ``PROBES_KEPT`` probes."""
         top = self.top
         pm = self.model.phases[phase]
         if bool(np.all(f_hz >= self.levels_hz[top] * 0.999)):
-            self._top_probe[phase] = (measured, g, host)
+            self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append((measured, g, host))
             self._since_probe[phase] = 0
             return measured
         self._since_probe[phase] = self._since_probe.get(phase, 0) + 1
-        probe = self._top_probe.get(phase)
-        if probe is None:
+        probes = self._top_probe.get(phase)
+        if not probes:
             return measured
-        # context growth since the probe: both graphs through the *current* model at
-        # the top level, so a drift of the model's fit cancels out of the ratio
-        t_meas, g_probe, host_probe = probe
+        # context growth since each probe: both graphs through the *current* model at
+        # the top level, so a drift of the model's fit cancels out of the ratio; the
+        # median of the last probes, so one probe slowed or sped up by the host does not
+        # set the reference (a clamp to this graph's measured time would make timing
+        # noise a ratchet: it could only ever add debt)
         top_hz = self.levels_hz[top : top + 1]
         now_ns = float(pm.level_times(g.c_ns, g.m_ns, g.launch, top_hz)[0].sum()) + host
-        then_ns = (
-            float(pm.level_times(g_probe.c_ns, g_probe.m_ns, g_probe.launch, top_hz)[0].sum())
-            + host_probe
-        )
-        return min(measured, t_meas * now_ns / max(then_ns, 1.0))
+        scaled = []
+        for t_meas, g_probe, host_probe in probes:
+            then_ns = (
+                float(pm.level_times(g_probe.c_ns, g_probe.m_ns, g_probe.launch, top_hz)[0].sum())
+                + host_probe
+            )
+            scaled.append(t_meas * now_ns / max(then_ns, 1.0))
+        return float(np.median(scaled))
 
     def _note_levels(self, phase: str, f_hz: np.ndarray, dur_ns: np.ndarray) -> None:
         """Remember the lowest level this graph spent at least a quarter of its time at."""
