@@ -1,9 +1,8 @@
 """The default governors' decision rules, once: msm-adreno-tz and simple_ondemand.
 
-Pure functions of a window's busy and total time, shared by the simulator
-(``devices.sim.SimGpu``) and the controllers' default-governor shadow
-(``control.reference.DefaultShadow``), so the two cannot drift apart. What calls them,
-and when (KGSL idle/retire notifications throttled to one per call interval for
+Pure functions of a window's busy and total time, used by the simulator
+(``devices.sim.SimGpu``, which the accounting's default-governor pass also runs). What
+calls them, and when (KGSL idle/retire notifications throttled to one per call interval for
 msm-adreno-tz, a fixed polling timer for simple_ondemand), stays with the caller.
 """
 
