@@ -7,10 +7,13 @@ recorded switches are compared with a replay of the run's own recording.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakesysfs import make_exynos_mali
+from llama_cpp import LogitsProcessorList
 from test_exec_sysfs import Watcher, strip_newline
 
 from turboinfer_llama import Llama
@@ -23,6 +26,22 @@ from turboinfer_llama.engine.timeline import Timeline
 from turboinfer_llama.trace.record import load_trace
 
 PROMPTS = ("Tell me a story about a cat.", "Write a haiku about rain.")
+
+
+def phone_sampling_stall(ms: float = 10.0) -> LogitsProcessorList:
+    """A logits processor that sleeps ``ms`` per token: the sampling stall of a phone.
+
+    This x86 host decodes gemma in 3-4 ms per token, 5-8x faster than a phone (~25 ms,
+    of which ~7 ms sampling on its CPU; BRIEF.md). tmpc solves the next graph's plan
+    inside the sampling stall (~3.5 ms of planner CPU here, issue 11); with the host's
+    ~1 ms stall most plans would land after their graph, which a phone's stall avoids.
+    The switches are still counted on the device side."""
+
+    def stall(input_ids: Any, scores: Any) -> Any:
+        time.sleep(ms / 1e3)
+        return scores
+
+    return LogitsProcessorList([stall])
 
 
 def _files(node: Path) -> dict[str, str]:
@@ -51,6 +70,14 @@ def test_the_planner_sees_every_graph_and_plans_the_next(tiny_gguf, native_hooks
 
 @pytest.mark.slow
 @pytest.mark.model
+@pytest.mark.xfail(
+    reason="issue 11, open: the model runs on this host's CPU, whose graph time does not "
+    "depend on the fake Mali's clock; tmpc learns that from engine timing and settles at "
+    "the bottom level, so the switch count is the probes' and explorations': 33-162 "
+    "writes per 48 tokens over 12 levels in four identical runs (0 late plans with the "
+    "phone's sampling stall). A stand-in whose time follows the clock is needed.",
+    strict=False,
+)
 def test_tmpc_steers_a_fake_mali_devfreq_gpu_while_gemma_decodes(tmp_path, gemma_gguf):
     """The model runs on this host's CPU, standing in for the Mali: the fake tree's
     constant ``utilization`` would say nothing about that load (fed to tmpc it makes
@@ -75,7 +102,7 @@ def test_tmpc_steers_a_fake_mali_devfreq_gpu_while_gemma_decodes(tmp_path, gemma
     )
     try:
         for p in PROMPTS:
-            llm(p, max_tokens=24, temperature=0.0)
+            llm(p, max_tokens=24, temperature=0.0, logits_processor=phone_sampling_stall())
         stats = llm.power.stats()
     finally:
         llm.close()
