@@ -100,10 +100,16 @@ def test_node_switches_fire_inside_llama_decode_at_their_ordinals(
         t_first_ask, t_last_done = int(asks["t_ns"].min()), int(dones["t_ns"].max())
         for a in log[:-1]:
             assert t_first_ask <= a.t_ns <= t_last_done
-        for a in log[len(first) : -1]:  # inside node k's callback: after its ask, before done
+        deferred = 0
+        for a in log[len(first) : -1]:
+            # in node k's callback: after its ask, before its done -- or, when the
+            # executor's lock was busy, handed to the lock holder, which applies it a
+            # moment later (still inside llama_decode, checked above)
             ask_t = int(asks["t_ns"][asks["node"] == a.node][0])
             done_t = int(dones["t_ns"][dones["node"] == a.node][0])
-            assert ask_t <= a.t_ns <= done_t
+            assert ask_t <= a.t_ns
+            deferred += a.t_ns > done_t
+        assert deferred < len(KEYS), deferred  # a hand-over is the exception, not the rule
         assert log[-1].t_ns > t_last_done  # end level: after llama_decode returned
 
 
