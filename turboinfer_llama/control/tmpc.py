@@ -542,8 +542,13 @@ class TubeMPC:
         if droppable:  # drop before the stall that follows the graph; raise before it
             # at the graph's likely-latest end (the tube's upper bound): an early drop
             # would slow its last kernels, with no boundary to notice it at graph level
-            late_end = predicted * (1.0 + r)
-            sw.append(Switch(Anchor.OFFSET, max(0, int(late_end) - s_ns), 0))
+            # A graph planned wholly at the top level drops only at its end (the plan's
+            # end level): an early drop that lands inside a slow graph (a loaded host,
+            # a throttled GPU) would keep it from counting as a top-level probe, and the
+            # reference would go stale exactly when conditions change.
+            if bool((blocks != self.top).any()):
+                late_end = predicted * (1.0 + r)
+                sw.append(Switch(Anchor.OFFSET, max(0, int(late_end) - s_ns), 0))
             sw.append(Switch(Anchor.TIME, t_now + int(d_lo) - s_ns, first))
         else:
             sw.append(Switch(Anchor.TIME, t_now, first))
