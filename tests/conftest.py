@@ -62,3 +62,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if why is not None:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def gemma_10tok_segments(tmp_path_factory: pytest.TempPathFactory) -> list:
+    """Segments of ``tests/data/gemma3_270m_10tok.json.gz``: the first request, first
+    10 tokens, of a ``turboinfer bench --record`` run of gemma-3-270m (kernel
+    granularity). Shared; tests must not mutate the list."""
+    import gzip
+
+    from turboinfer_llama.bench.runner import segments_of
+    from turboinfer_llama.trace.record import load_trace
+
+    path = tmp_path_factory.mktemp("trace") / "trace.json"
+    with gzip.open(Path(__file__).parent / "data/gemma3_270m_10tok.json.gz", "rb") as f:
+        path.write_bytes(f.read())
+    events, _ = load_trace(path)
+    return segments_of(events)

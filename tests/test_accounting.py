@@ -4,7 +4,6 @@ phone host model; the hindsight baselines; the controller registry."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
 
 import pytest
 
@@ -17,7 +16,6 @@ from turboinfer_llama.accounting import (
     phone_segments,
     static_levels,
 )
-from turboinfer_llama.bench.runner import segments_of
 from turboinfer_llama.control import registry
 from turboinfer_llama.control.compare import DEFAULT_SET
 from turboinfer_llama.control.factory import CONTROLLER_NAMES, for_device, make_controller
@@ -26,19 +24,13 @@ from turboinfer_llama.control.synthetic import make_trace
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 from turboinfer_llama.engine.events import StallKind
 from turboinfer_llama.settings import PowerSettings
-from turboinfer_llama.trace.record import load_trace
 
-DATA = "tests/data/gemma3_270m_10tok.json.gz"
 TOL = 5e-3  # the issue's bound: within 0.5% of the per-kernel path
 
 
 @pytest.fixture(scope="module")
-def raw(tmp_path_factory):
-    path = tmp_path_factory.mktemp("trace") / "trace.json"
-    with gzip.open(DATA, "rb") as f:
-        path.write_bytes(f.read())
-    events, _ = load_trace(path)
-    return segments_of(events)
+def raw(gemma_10tok_segments):
+    return list(gemma_10tok_segments)
 
 
 def _logged(dev: SimGpu) -> list[tuple[int, int]]:

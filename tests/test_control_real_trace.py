@@ -7,27 +7,18 @@ graph id, the first node of a graph is numbered -1, and stall lengths vary widel
 """
 
 import dataclasses
-import gzip
 
 import pytest
 
-from turboinfer_llama.bench.runner import segments_of
 from turboinfer_llama.control.compare import compare
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 from turboinfer_llama.engine.events import EventKind
-from turboinfer_llama.trace.record import load_trace
-
-DATA = "tests/data/gemma3_270m_10tok.json.gz"
 
 
 @pytest.fixture(scope="module")
-def segments(tmp_path_factory):
-    path = tmp_path_factory.mktemp("trace") / "trace.json"
-    with gzip.open(DATA, "rb") as f:
-        path.write_bytes(f.read())
-    events, _ = load_trace(path)
-    return segments_of(events)
+def segments(gemma_10tok_segments):
+    return list(gemma_10tok_segments)
 
 
 class _Recorder:

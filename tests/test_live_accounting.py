@@ -4,30 +4,20 @@ per-kernel path."""
 
 from __future__ import annotations
 
-import gzip
-
 import pytest
 from test_accounting import TOL, _issued_across, _per_kernel_reference
 
 from turboinfer_llama.accounting import PhoneTrace, applied_energy, default_shadow
-from turboinfer_llama.bench.runner import segments_of
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 from turboinfer_llama.live import SimulatedAccount
 from turboinfer_llama.settings import PowerSettings
-from turboinfer_llama.trace.record import load_trace
-
-DATA = "tests/data/gemma3_270m_10tok.json.gz"
 
 
 @pytest.fixture(scope="module")
-def raw(tmp_path_factory):
-    path = tmp_path_factory.mktemp("trace") / "trace.json"
-    with gzip.open(DATA, "rb") as f:
-        path.write_bytes(f.read())
-    events, _ = load_trace(path)
-    return segments_of(events)
+def raw(gemma_10tok_segments):
+    return list(gemma_10tok_segments)
 
 
 def _account(controller: str, *, replay_check: bool) -> SimulatedAccount:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from . import CliError
+from . import CliError, check_writable, require_matplotlib
 
 
 def register(sub: Any) -> None:
@@ -83,16 +82,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="tracebacks on errors")
 
 
-def _check_writable(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise CliError(f"{flag} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise CliError(f"{flag} {path}: not writable")
-
-
 def _positive(value: int, flag: str) -> None:
     if value <= 0:
         raise CliError(f"{flag} must be positive, got {value}")
@@ -117,14 +106,8 @@ def run(args: argparse.Namespace) -> int:
         (args.trace_path, "--trace"),
         (args.record, "--record"),
     ):
-        _check_writable(path, flag)
-    if args.plot_path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError(
-                "--plot needs matplotlib: pip install 'turboinfer-llama[plot]'"
-            ) from None
+        check_writable(path, flag)
+    require_matplotlib(args.plot_path)
     try:
         prompts = load_prompts(args.prompts)
     except PromptsError as e:

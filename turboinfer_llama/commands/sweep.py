@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import CliError
+from . import CliError, check_writable, require_matplotlib
 
 
 def register(sub: Any) -> None:
@@ -71,15 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if args.lhs < 0 or (args.workers is not None and args.workers < 1):
         raise CliError("--lhs must be >= 0 and --workers >= 1")
     for path, flag in ((args.json_path, "--json"), (args.plot_path, "--plot")):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise CliError(f"{flag} {path}: directory does not exist")
-    if args.plot_path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError(
-                "--plot needs matplotlib: pip install 'turboinfer-llama[plot]'"
-            ) from None
+        check_writable(path, flag)
+    require_matplotlib(args.plot_path)
     try:
         from ..trace.record import TraceFormatError, load_trace
 

@@ -55,6 +55,11 @@ class _Hindsight:
             hz: applied_energy(self.trace, device_factory(), Switches.at_times([0], [hz]))
             for hz in self.levels
         }
+        self._choose()
+
+    def _choose(self) -> None:
+        """Pick the schedule from ``by_level`` and ``reference`` (subclasses)."""
+        raise NotImplementedError
 
 
 class StaticBest(_Hindsight):
@@ -62,14 +67,7 @@ class StaticBest(_Hindsight):
 
     name = "static-best"
 
-    def __init__(
-        self,
-        segments: Sequence[Segment],
-        device_factory: Callable[[], Any],
-        *,
-        latency_slack: float = 0.02,
-    ) -> None:
-        super().__init__(segments, device_factory, latency_slack=latency_slack)
+    def _choose(self) -> None:
         ok = [hz for hz, a in self.by_level.items() if all(_within(a, self.reference, self.slack))]
         self.freq_hz = min(ok, key=lambda hz: self.by_level[hz].energy_j) if ok else self.levels[-1]
         self._set = False
@@ -89,14 +87,7 @@ class PhaseSplit(_Hindsight):
 
     name = "phase"
 
-    def __init__(
-        self,
-        segments: Sequence[Segment],
-        device_factory: Callable[[], Any],
-        *,
-        latency_slack: float = 0.02,
-    ) -> None:
-        super().__init__(segments, device_factory, latency_slack=latency_slack)
+    def _choose(self) -> None:
         ref, top = self.reference, len(self.levels) - 1
         checks = {hz: _within(a, ref, self.slack) for hz, a in self.by_level.items()}
         p = next((i for i, hz in enumerate(self.levels) if checks[hz][0]), top)
