@@ -160,6 +160,9 @@ class PhaseModel:
         self._extra = np.asarray(mem_slowdown, dtype=np.float64) - 1.0 if known else None
         self.theta = np.array([1.0, 1.0, 0.2, 3.0, 1.0 if known else 0.0])
         self._p0 = np.diag([0.5, 0.5, 0.05, 0.5, 0.1])
+        self._p0_trace = float(self._p0.trace())
+        # (levels_hz it was made for, clock ratio, coupling) per level: fixed per table
+        self._level_terms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.P = self._p0.copy()
         self.n_obs = 0
         self.last_residual = 0.0
@@ -189,7 +192,9 @@ class PhaseModel:
                 float(m_ns[mem].sum()),
                 float(lo[roof].sum()),
                 float(launches[~roof].sum() * _LAUNCH_NS),
-                float(np.broadcast_to(md, m_ns.shape)[mem].sum()),
+                float(
+                    (md if md.shape == m_ns.shape else np.broadcast_to(md, m_ns.shape))[mem].sum()
+                ),
             ]
         )
 
@@ -198,9 +203,9 @@ class PhaseModel:
         at or below, else the assumed smooth shape."""
         if self._lv is None or self._extra is None:
             return self.f_max_hz / f_hz - 1.0
-        i = np.clip(
-            np.searchsorted(self._lv, f_hz * 1.0005, side="right") - 1, 0, len(self._lv) - 1
-        )
+        # side="right" minus one is at most the last index; only the floor needs a bound
+        # (np.clip costs ~10 us of Python per call in numpy 2)
+        i = np.maximum(np.searchsorted(self._lv, f_hz * 1.0005, side="right") - 1, 0)
         return self._extra[i]
 
     def _th(self) -> np.ndarray:
@@ -221,11 +226,11 @@ class PhaseModel:
         px = P @ x
         k = px / (self.forget + float(x @ px))
         err = 1.0 - float(x @ self.theta)
-        self.theta = np.clip(self.theta + k * err, _TH_MIN, 20.0)
-        P = (P - np.outer(k, px)) / self.forget
+        self.theta = np.minimum(np.maximum(self.theta + k * err, _TH_MIN), 20.0)
+        P = (P - k[:, None] * px[None, :]) * (1.0 / self.forget)
         # Bound covariance windup in directions no observation excites (scaling keeps
         # P positive definite).
-        tr, tr0 = float(np.trace(P)), float(np.trace(self._p0))
+        tr, tr0 = float(P.trace()), self._p0_trace
         self.P = P * (tr0 / tr) if tr > tr0 else P
         self.n_obs += 1
         self.last_residual = err
@@ -239,15 +244,32 @@ class PhaseModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per-node time at every level, shape (nodes, levels), and the part of it that
         scales with the clock (for the compute-bound fraction)."""
-        th = self._th()
-        ratio = self.f_max_hz / levels_hz[None, :]
-        a = th[0] * c_ns[:, None] * ratio
-        b = m_ns[:, None] * (th[1] + th[4] * self._coupling(levels_hz)[None, :])
-        roof = np.maximum(a, b) + th[2] * np.minimum(a, b)
-        floor = th[3] * _LAUNCH_NS * launches[:, None]
-        t = np.maximum(roof, floor)
-        scaling = np.where(roof >= floor, np.where(a >= b, a, th[2] * a), 0.0)
+        t, a, b, roof, floor = self._level_terms_of(c_ns, m_ns, launches, levels_hz)
+        scaling = np.where(roof >= floor, np.where(a >= b, a, self._th()[2] * a), 0.0)
         return t, scaling
+
+    def times_at_levels(
+        self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, levels_hz: np.ndarray
+    ) -> np.ndarray:
+        """Per-node time at every level, shape (nodes, levels): :meth:`level_times`
+        without the compute-bound part (the planner's per-graph table)."""
+        return self._level_terms_of(c_ns, m_ns, launches, levels_hz)[0]
+
+    def _level_terms_of(
+        self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, levels_hz: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        th = self._th()
+        lt = self._level_terms
+        if lt is None or lt[0] is not levels_hz:
+            lv = np.asarray(levels_hz, dtype=np.float64)
+            lt = self._level_terms = (levels_hz, self.f_max_hz / lv, self._coupling(lv))
+        _, ratio, coupling = lt
+        a = c_ns[:, None] * (th[0] * ratio)
+        b = m_ns[:, None] * (th[1] + th[4] * coupling)
+        hi = np.maximum(a, b)
+        hi += th[2] * np.minimum(a, b)
+        floor = (th[3] * _LAUNCH_NS) * launches[:, None]
+        return np.maximum(hi, floor), a, b, hi, floor
 
 
 class WorkloadModel:

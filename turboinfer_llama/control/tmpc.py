@@ -137,14 +137,16 @@ class TubeMPC:
         self._hist_lv: list[int] = []
         init = self.shadow_params.initial_hz
         self._initial = self.top if init is None else int(np.argmin(np.abs(self.levels_hz - init)))
-        # per phase: (measured ns of the last graph run wholly at the top level, the
-        # model's top-level ns of that graph); graphs since, per phase
-        self._top_probe: dict[str, deque[tuple[float, PhaseTemplate, float]]] = {}
+        # per phase: recent graphs run wholly at the top level (measured ns, their
+        # regressors, host ns); graphs since the last, per phase
+        self._top_probe: dict[str, deque[tuple[float, np.ndarray, float]]] = {}
         # per phase: the lowest level a graph has spent a good share of its time at;
         # plans go at most one level below it (a level's time is known once run)
         self._lowest_seen: dict[str, int] = {}
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
+        # (c_ns, m_ns, launch, cumulative cost share) of the last graph shape
+        self._share: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._graph_busy: int | None = None
         self._margin_ns = 0.0
         self._predicted: tuple[int, float] | None = None  # (nodes, compute ns) planned
@@ -197,23 +199,28 @@ class TubeMPC:
     def _mean_hz(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Time-weighted mean clock over each ``[start, end]`` (a kernel that a switch
         lands in runs part of its work at each clock; exact for compute-bound work)."""
-        t0 = float(starts.min()) if len(starts) else 0.0
+        if not len(starts):
+            return np.zeros(0)
+        t0, t1 = float(starts.min()), float(ends.max())
         i0 = bisect.bisect_right(self._hist_t, int(t0))
-        times = [t0] + [float(t) for t in self._hist_t[i0:]]
-        lv = [self.level_at(int(t0)), *self._hist_lv[i0:]]
-        hz = self.levels_hz[np.asarray(lv)]
-        tb = np.asarray(times)
-        integral = np.concatenate([[0.0], np.cumsum(np.diff(tb) * hz[:-1])])
-
-        def cum(t: np.ndarray) -> np.ndarray:
-            k = np.clip(np.searchsorted(tb, t, side="right") - 1, 0, len(tb) - 1)
-            return integral[k] + (t - tb[k]) * hz[k]
-
+        i1 = bisect.bisect_right(self._hist_t, int(t1), lo=i0)
+        lv0 = self.level_at(int(t0))
+        if i1 == i0:  # no switch landed inside the graph: one clock throughout
+            return np.full(len(starts), self.levels_hz[lv0])
+        # the clock's integral is piecewise linear between switch landings: interpolate
+        tb = np.array([t0, *self._hist_t[i0:i1], t1 + 1.0])
+        hz = self.levels_hz[[lv0, *self._hist_lv[i0:i1]]]
+        integral = np.empty(len(tb))
+        integral[0] = 0.0
+        np.cumsum(np.diff(tb) * hz, out=integral[1:])
         span = ends - starts
-        mean = (cum(ends.astype(np.float64)) - cum(starts.astype(np.float64))) / np.maximum(
-            span, 1.0
-        )
-        return np.where(span > 0, mean, hz[np.clip(np.searchsorted(tb, starts) - 1, 0, None)])
+        hi = np.interp(ends, tb, integral)
+        lo = np.interp(starts, tb, integral)
+        mean = (hi - lo) / np.maximum(span, 1.0)
+        if (span > 0).all():
+            return mean
+        at = hz[np.maximum(np.searchsorted(tb, starts) - 1, 0)]
+        return np.where(span > 0, mean, at)
 
     # ---- events (inline, cheap) ------------------------------------------------------
 
@@ -282,22 +289,44 @@ class TubeMPC:
         """When each node ran: measured where the callback saw completions, else the
         graph's measured compute time shared out by cost weight between observations."""
         n = b.n
-        if n and (b.done_ns >= 0).all():
+        done = b.done_ns >= 0
+        n_done = int(np.count_nonzero(done))
+        if n and n_done == n:
             return b.ask_ns.astype(np.float64), b.done_ns.astype(np.float64)
-        w = np.maximum(np.maximum(b.c_ns, b.m_ns), 1.0) + 1_000.0 * b.launch
-        ends = np.empty(n)
-        known = np.nonzero(b.done_ns >= 0)[0].tolist()
-        if not known or known[-1] != n - 1:
-            known.append(n - 1)
-        t_prev, i_prev = float(b.t_first_ns), 0
-        for i in known:
-            t_i = float(b.done_ns[i]) if b.done_ns[i] >= 0 else float(b.t_end_ns)
-            seg = w[i_prev : i + 1]
-            cw = np.cumsum(seg)
-            ends[i_prev : i + 1] = t_prev + (t_i - t_prev) * cw / max(cw[-1], 1e-9)
-            t_prev, i_prev = t_i, i + 1
-        starts = np.concatenate([[float(b.t_first_ns)], ends[:-1]])
+        if n_done == 0:  # graph granularity: the weights' cumulative share, per graph shape
+            ends = float(b.t_first_ns) + (b.t_end_ns - b.t_first_ns) * self._weight_share(b)
+        else:
+            w = np.maximum(np.maximum(b.c_ns, b.m_ns), 1.0) + 1_000.0 * b.launch
+            ends = np.empty(n)
+            known = np.nonzero(done)[0].tolist()
+            if known[-1] != n - 1:
+                known.append(n - 1)
+            t_prev, i_prev = float(b.t_first_ns), 0
+            for i in known:
+                t_i = float(b.done_ns[i]) if b.done_ns[i] >= 0 else float(b.t_end_ns)
+                cw = np.cumsum(w[i_prev : i + 1])
+                ends[i_prev : i + 1] = t_prev + (t_i - t_prev) * cw / max(cw[-1], 1e-9)
+                t_prev, i_prev = t_i, i + 1
+        starts = np.empty(n)
+        starts[0] = float(b.t_first_ns)
+        starts[1:] = ends[:-1]
         return starts, ends
+
+    def _weight_share(self, b: GraphBatch) -> np.ndarray:
+        """Cumulative share of the graph's cost weight at each node's end, kept while
+        the graph's shape repeats (live, the ingest's per-shape cache hands out the
+        very same arrays; else they compare equal)."""
+        got = self._share
+        if got is not None and all(
+            x is y or (len(x) == len(y) and np.array_equal(x, y))
+            for x, y in zip(got[:3], (b.c_ns, b.m_ns, b.launch), strict=True)
+        ):
+            return got[3]
+        w = np.maximum(np.maximum(b.c_ns, b.m_ns), 1.0) + 1_000.0 * b.launch
+        cw = np.cumsum(w)
+        share = cw / max(float(cw[-1]), 1e-9)
+        self._share = (b.c_ns, b.m_ns, b.launch, share)
+        return share
 
     def on_graph(self, b: GraphBatch) -> Plan | None:
         """Learn from one finished graph and plan the next one (see module docstring)."""
@@ -326,8 +355,9 @@ class TubeMPC:
             x = pm.features(g.c_ns, g.m_ns, g.launch, f)
             pm.update(x, busy_ns)
             # this measurement against the (updated) model's time at the clocks each
-            # node really ran at
-            pred_here = float(pm.features(g.c_ns, g.m_ns, g.launch, f) @ pm.theta) + host
+            # node really ran at (the regressors as classified before the update: one
+            # RLS step moves the roofline's sides by far less than they differ)
+            pred_here = float(x @ pm.theta) + host
             scale = measured / pred_here if pred_here > 0 else 1.0
             # the model's shape (how time scales with the clock) moves slowly (RLS); its
             # absolute level follows the last graphs at once (a loaded host, a longer
@@ -335,9 +365,11 @@ class TubeMPC:
             ts = self._time_scale.get(phase)
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
-            g.tabulate(pm, self.levels_hz, host, self.power, ts)
+            k_ns = pm.times_at_levels(g.c_ns, g.m_ns, g.launch, self.levels_hz)
+            g.tabulate(k_ns, host, self.power, ts)
             self._templates[phase] = g
-            ref = self._reference_ns(phase, g, f, measured, host)
+            top_ns = float(k_ns[:, self.top].sum()) + host
+            ref = self._reference_ns(phase, x, f, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
         else:
             ref = measured
@@ -350,10 +382,11 @@ class TubeMPC:
     def _reference_ns(
         self,
         phase: str,
-        g: PhaseTemplate,
+        x: np.ndarray,
         f_hz: np.ndarray,
         measured: float,
         host: float,
+        top_ns: float,
     ) -> float:
         """The latency reference of one graph: what it takes at the top level.
 
@@ -366,11 +399,15 @@ class TubeMPC:
         can). The top-level time is measured, not modelled: every ``PROBE_EVERY``
         graphs of a phase one runs wholly at the top level (:meth:`_plan_next`), and
         graphs in between are scaled from it by the model's top-level ratio (context
-        growth), the median over the last ``PROBES_KEPT`` probes."""
-        top = self.top
+        growth), the median over the last ``PROBES_KEPT`` probes.
+
+        ``x``: the graph's regressors (at the clocks it ran at); ``top_ns``: the
+        current model's time of this graph at the top level, host time included."""
         pm = self.model.phases[phase]
-        if bool(np.all(f_hz >= self.levels_hz[top] * 0.999)):
-            self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append((measured, g, host))
+        if bool(np.all(f_hz >= self.levels_hz[self.top] * 0.999)):
+            # a probe keeps its regressors (at the top clock), so its top-level time can
+            # be re-evaluated under the current model for a 5-vector product
+            self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append((measured, x, host))
             self._since_probe[phase] = 0
             return measured
         self._since_probe[phase] = self._since_probe.get(phase, 0) + 1
@@ -382,23 +419,20 @@ class TubeMPC:
         # median of the last probes, so one probe slowed or sped up by the host does not
         # set the reference (a clamp to this graph's measured time would make timing
         # noise a ratchet: it could only ever add debt)
-        top_hz = self.levels_hz[top : top + 1]
-        now_ns = float(pm.level_times(g.c_ns, g.m_ns, g.launch, top_hz)[0].sum()) + host
-        scaled = []
-        for t_meas, g_probe, host_probe in probes:
-            then_ns = (
-                float(pm.level_times(g_probe.c_ns, g_probe.m_ns, g_probe.launch, top_hz)[0].sum())
-                + host_probe
-            )
-            scaled.append(t_meas * now_ns / max(then_ns, 1.0))
-        return float(np.median(scaled))
+        th = pm.theta
+        scaled = sorted(
+            t_meas * top_ns / max(float(x_probe @ th) + host_probe, 1.0)
+            for t_meas, x_probe, host_probe in probes
+        )
+        mid = len(scaled) // 2
+        return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
 
     def _note_levels(self, phase: str, f_hz: np.ndarray, dur_ns: np.ndarray) -> None:
         """Remember the lowest level this graph spent at least a quarter of its time at."""
         total = float(dur_ns.sum())
         if total <= 0:
             return
-        idx = np.clip(np.searchsorted(self.levels_hz, f_hz * 0.999), 0, self.top)
+        idx = np.minimum(np.searchsorted(self.levels_hz, f_hz * 0.999), self.top)
         share = np.bincount(idx, weights=dur_ns, minlength=self.n_levels) / total
         seen = np.nonzero(share >= 0.25)[0]
         if len(seen):
@@ -520,25 +554,28 @@ class TubeMPC:
         used = used_here + future
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         first = int(blocks[0])
-        lv_node = np.repeat(blocks, np.diff(tpl.edges))
-        node_ns = tpl.node_ns(lv_node)
-        ends = np.cumsum(node_ns)
-        starts = ends - node_ns
-        predicted = float(ends[-1]) if len(ends) else 0.0
+        # each block's predicted start (offset from the graph's first kernel)
+        block_t = tpl.block_ns[np.arange(len(blocks)), blocks]
+        block_ends = np.cumsum(block_t)
+        predicted = float(block_ends[-1]) if len(block_ends) else 0.0
         self._predicted = (tpl.n, predicted)
         node_keyed = self.granularity in ("layer", "kernel")
+        changed = (np.nonzero(blocks[1:] != blocks[:-1])[0] + 1).tolist()
         sw: list[Switch] = []
-        for j in range(1, len(blocks)):
-            if blocks[j] == blocks[j - 1]:
-                continue
-            t_edge = float(starts[tpl.edges[j]])
-            if node_keyed:
+        if node_keyed:  # keyed by the node whose ask comes one switch latency early
+            lv_node = np.repeat(blocks, np.diff(tpl.edges))
+            node_ns = tpl.node_ns(lv_node)
+            ends = np.cumsum(node_ns)
+            starts = ends - node_ns
+            for j in changed:
+                t_edge = float(starts[tpl.edges[j]])
                 key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
                 sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
-            else:
-                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
-        if node_keyed:
             sw.extend(self._checkpoints(tpl, ends))
+        else:
+            for j in changed:
+                t_edge = float(block_ends[j - 1])
+                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
         if droppable:  # drop before the stall that follows the graph; raise before it
             # at the graph's likely-latest end (the tube's upper bound): an early drop
             # would slow its last kernels, with no boundary to notice it at graph level

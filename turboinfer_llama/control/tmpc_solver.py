@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import PhaseModel, PowerTable
+from .model import PowerTable
 
 PLAN_BLOCKS = 24  # blocks of a graph that may each get their own level (~1 per layer)
 # prices on time (W = J/s) for the per-block Lagrangian search, cheapest first
@@ -50,10 +50,7 @@ class PhaseTemplate:
     __slots__ = (
         "block_energy_j",
         "block_ns",
-        "block_of_node",
         "c_ns",
-        "cum_host_ns",
-        "cum_kernel_ns",
         "edges",
         "energy_j",
         "graph_ns",
@@ -75,42 +72,55 @@ class PhaseTemplate:
         self.c_ns, self.m_ns, self.launch = c_ns, m_ns, launch
         self.n = len(c_ns)
         self.layer_out = layer_out if layer_out is not None else np.zeros(self.n, dtype=bool)
-        self.cum_kernel_ns = np.zeros((1, 1))
-        self.cum_host_ns = np.zeros(1)
+        self.kernel_ns = np.zeros((self.n, 1))
+        self.host_ns = np.zeros(self.n)
         self.energy_j = self.graph_ns = np.zeros(1)
 
     def tabulate(
         self,
-        model: PhaseModel,
-        levels_hz: np.ndarray,
+        kernel_ns: np.ndarray,
         host_ns: float,
         power: PowerTable,
         time_scale: float = 1.0,
     ) -> None:
-        """Kernel time per node and level from ``model`` (times ``time_scale``, the
-        recent measured/predicted ratio); the graph's measured host time
-        (level-independent) shared out by kernel launches; whole-graph and per-block
-        energy (J x 1e9, i.e. W x ns) and time per level."""
-        k, _ = model.level_times(self.c_ns, self.m_ns, self.launch, levels_hz)
-        k = k * time_scale
+        """Tabulate from ``kernel_ns``, the model's kernel time per node and level
+        (``PhaseModel.times_at_levels``), times ``time_scale`` (the recent
+        measured/predicted ratio); the graph's measured host time (level-independent)
+        shared out by kernel launches; whole-graph and per-block energy (J x 1e9, i.e.
+        W x ns) and time per level."""
+        k = kernel_ns * time_scale
         self.kernel_ns = k
-        self.cum_kernel_ns = np.vstack([np.zeros((1, len(levels_hz))), np.cumsum(k, axis=0)])
-        per_launch = host_ns / max(float(self.launch.sum()), 1.0)
-        self.cum_host_ns = np.concatenate([[0.0], np.cumsum(self.launch * per_launch)])
-        self.host_ns = np.diff(self.cum_host_ns)
-        self.energy_j = power.busy_w * self.cum_kernel_ns[-1] + power.idle_w * host_ns
-        self.graph_ns = self.cum_kernel_ns[-1] + host_ns
-        edges = np.unique(np.linspace(0, self.n, min(self.n, PLAN_BLOCKS) + 1).astype(np.int64))
+        launches = float(self.launch.sum())
+        per_launch = host_ns / max(launches, 1.0)
+        self.host_ns = self.launch * per_launch
+        graph_kernel_ns = k.sum(axis=0)
+        self.energy_j = power.busy_w * graph_kernel_ns + power.idle_w * host_ns
+        self.graph_ns = graph_kernel_ns + host_ns
+        edges = _edges(self.n)
         self.edges = edges
-        ck = np.diff(self.cum_kernel_ns[edges], axis=0)
-        ch = np.diff(self.cum_host_ns[edges])[:, None]
+        ck = np.add.reduceat(k, edges[:-1], axis=0)
+        ch = (np.add.reduceat(self.launch, edges[:-1]) * per_launch)[:, None]
         self.block_energy_j = power.busy_w * ck + power.idle_w * ch
         self.block_ns = ck + ch
-        self.block_of_node = np.repeat(np.arange(len(edges) - 1), np.diff(edges))
 
     def node_ns(self, level_of_node: np.ndarray) -> np.ndarray:
         """Predicted time of each node (kernel + its host share) at the given levels."""
         return self.kernel_ns[np.arange(self.n), level_of_node] + self.host_ns
+
+
+_EDGES: dict[int, np.ndarray] = {}
+
+
+def _edges(n: int) -> np.ndarray:
+    """Block boundaries (node ordinals) of an ``n``-node graph: about ``PLAN_BLOCKS``
+    equal blocks."""
+    got = _EDGES.get(n)
+    if got is None:
+        got = np.unique(np.linspace(0, n, min(n, PLAN_BLOCKS) + 1).astype(np.int64))
+        got.setflags(write=False)
+        if len(_EDGES) < 4096:
+            _EDGES[n] = got
+    return got
 
 
 @dataclass(frozen=True, slots=True)
