@@ -370,6 +370,7 @@ class SimulatedAccount:
                 "levels_used": loop["levels_used"],
                 "graphs_planned": loop["graphs_planned"],
                 "graph_plan_us_median": loop["graph_plan_us_median"],
+                "graph_plan_cpu_us_median": loop["graph_plan_cpu_us_median"],
                 "feedback": loop["feedback"],
                 "executor": loop["executor"],
                 "actuation": "recorded (simulated device): switches are logged, not applied",
@@ -490,6 +491,7 @@ class RealDeviceControl:
             "executor": health["executor"],
             "decision_us_median": health["decision_us_median"],
             "graph_plan_us_median": health["graph_plan_us_median"],
+            "graph_plan_cpu_us_median": health["graph_plan_cpu_us_median"],
             "health": {"ok": health["ok"], "last_error": health["error"], **health},
         }
         try:
