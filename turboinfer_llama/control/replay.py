@@ -352,7 +352,10 @@ class _Runner:
                 return
             q = min(heads, key=lambda q: (q[0][0], q[0][1]))
             _, _, d = q.pop(0)
-            self.dev.set_hz(d.freq_hz)
+            # through the executor, as live (Governor._apply_due): logged, so the
+            # controller's on_applied sees its own timed decisions
+            level = min(bisect.bisect_left(self.levels, d.freq_hz), len(self.levels) - 1)
+            self.ex.switch_now(level, now)
 
     # -- device work --
     def _advance(self, dur_ns: int, kind: str, phase: str, *, timer: bool, busy: bool) -> None:
