@@ -142,6 +142,27 @@ TI_API int ti_exec_switch_now(struct ti_exec *ex, int32_t level);
 TI_API uint32_t ti_exec_drain_log(struct ti_exec *ex, struct ti_applied *out, uint32_t max);
 TI_API void ti_exec_status(struct ti_exec *ex, struct ti_exec_status *out);
 
+/*
+ * TESTS AND BENCHMARKS ONLY: a CPU stand-in for a GPU clock. When the model runs on the
+ * host's CPU, graph time does not follow the steered GPU's clock, and a controller
+ * rightly learns that a low clock costs nothing. With the stand-in on, each graph's
+ * host time W (first ask to ti_exec_standin_wait) is taken as its work at the top level,
+ * done at rate(f) = 1 / ((1 - m) * f_top / f + m) per ns while level f is in effect
+ * (the level this executor last applied; m = memory_share, the part of the time that
+ * does not scale with the clock; unknown level = the top). ti_exec_standin_wait, called
+ * right after llama_decode returns and before ti_exec_graph_end, sleeps (GIL released,
+ * executor lock released, timer switches still firing) until the work is done: the
+ * graph then takes the time it would take on a GPU at the levels the plan applied.
+ *
+ * ti_exec_standin_enable: 0; -EINVAL (memory_share outside [0, 1)); -EPERM for hardware:
+ * the kmod actuator, or a sysfs actuator whose files are not regular files outside
+ * sysfs (only fake trees and the recording actuator qualify).
+ * ti_exec_standin_wait: ns slept, or -1 (off, or no graph running).
+ */
+TI_API int ti_exec_standin_enable(struct ti_exec *ex, double memory_share);
+TI_API int64_t ti_exec_standin_wait(struct ti_exec *ex);
+TI_API void ti_exec_standin_status(struct ti_exec *ex, uint64_t *graphs, int64_t *waited_ns);
+
 /* ABI checks for the Python side: sizeof a struct by name, offsetof a field (-1). */
 TI_API int64_t ti_exec_struct_size(const char *name);
 TI_API int64_t ti_exec_field_offset(const char *name, const char *field);

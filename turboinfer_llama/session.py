@@ -221,6 +221,8 @@ class PowerSession:
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
+        if self._loop is not None:  # the clock stand-in's wait, when on (tests only)
+            self._loop.compute_done()
         # the decode ended now, where the executor's end-of-graph switch lands: the
         # drain below may wait for the GIL (the planner holds it) for milliseconds,
         # which belongs to the stall after the graph, not to its kernels
