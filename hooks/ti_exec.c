@@ -134,6 +134,9 @@ struct ti_exec {
 	double sp_acc_ns;
 	int64_t sp_t_ns;
 	double sp_p0_ns;
+	bool sp_begun;          /* ti_exec_standin_begin called, wait not yet */
+	int64_t sp_begin_ns;    /* its wall clock */
+	int64_t sp_begin_cpu_ns; /* its calling thread's CPU clock */
 	uint64_t standin_graphs;
 	int64_t standin_waited_ns;
 	pthread_cond_t standin_cv; /* CLOCK_MONOTONIC; broadcast under mu at each switch */
@@ -164,6 +167,15 @@ struct ti_exec {
 
 	_Atomic bool joined; /* ti_exec_stop joined the timer thread */
 };
+
+static int64_t ti_thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static int64_t ti_clock_ns(void)
 {
@@ -515,8 +527,6 @@ static void ti_start_graph(struct ti_exec *ex, int64_t t_ns)
 	ex->graph_active = false;
 	ex->mismatched = false;
 	ex->t0_ns = t_ns;
-	if (ex->standin)
-		ex->sp_p0_ns = ti_sp_progress(ex, t_ns);
 	ex->max_ask = -1;
 	ex->fb_floor = -1;
 	ex->ref_expect_ns = -1;
@@ -1138,30 +1148,55 @@ TI_API int ti_exec_standin_enable(struct ti_exec *ex, double memory_share)
 	return 0;
 }
 
+TI_API void ti_exec_standin_begin(struct ti_exec *ex)
+{
+	int64_t cpu_ns = ti_thread_cpu_ns();
+
+	if (ex == NULL)
+		return;
+	ti_lock(ex);
+	if (ex->standin) {
+		ex->sp_begun = true;
+		ex->sp_begin_ns = ti_clock_ns();
+		ex->sp_begin_cpu_ns = cpu_ns;
+		ex->sp_p0_ns = ti_sp_progress(ex, ex->sp_begin_ns);
+	}
+	ti_unlock(ex);
+}
+
 TI_API int64_t ti_exec_standin_wait(struct ti_exec *ex)
 {
-	int64_t start_ns, now_ns, work_ns;
-	double target;
+	int64_t cpu_ns = ti_thread_cpu_ns();
+	int64_t start_ns, now_ns, wall_ns, work_ns;
+	double done, left, base;
 
 	if (ex == NULL)
 		return -1;
 	ti_lock(ex);
-	if (!ex->standin || !ex->in_graph) {
+	if (!ex->standin || !ex->sp_begun) {
 		ti_unlock(ex);
 		return -1;
 	}
+	ex->sp_begun = false;
 	start_ns = now_ns = ti_clock_ns();
-	work_ns = now_ns - ex->t0_ns; /* the host's compute: the graph's work at the top */
-	target = ex->sp_p0_ns + (double)work_ns;
+	wall_ns = now_ns - ex->sp_begin_ns;
+	work_ns = cpu_ns - ex->sp_begin_cpu_ns;
+	if (work_ns > wall_ns)
+		work_ns = wall_ns;
+	/* The host was productive work/wall of the time: the work done at the levels in
+	 * effect meanwhile is that share of their progress; the rest is done now. */
+	base = ti_sp_progress(ex, now_ns);
+	done = wall_ns > 0 ? (base - ex->sp_p0_ns) * (double)work_ns / (double)wall_ns : 0.0;
+	left = (double)work_ns - done;
 	while (!ex->stopped) {
-		double left = target - ti_sp_progress(ex, now_ns);
+		double rest = left - (ti_sp_progress(ex, now_ns) - base);
 		int64_t due_ns;
 		struct timespec ts;
 
-		if (left <= 0.0)
+		if (rest <= 0.0)
 			break;
 		/* done at the current clock by due_ns; a switch meanwhile wakes us early */
-		due_ns = now_ns + (int64_t)(left / ti_sp_rate(ex)) + 1;
+		due_ns = now_ns + (int64_t)(rest / ti_sp_rate(ex)) + 1;
 		ts.tv_sec = (time_t)(due_ns / 1000000000);
 		ts.tv_nsec = (long)(due_ns % 1000000000);
 		pthread_cond_timedwait(&ex->standin_cv, &ex->mu, &ts); /* 0 or ETIMEDOUT */

@@ -145,21 +145,26 @@ TI_API void ti_exec_status(struct ti_exec *ex, struct ti_exec_status *out);
 /*
  * TESTS AND BENCHMARKS ONLY: a CPU stand-in for a GPU clock. When the model runs on the
  * host's CPU, graph time does not follow the steered GPU's clock, and a controller
- * rightly learns that a low clock costs nothing. With the stand-in on, each graph's
- * host time W (first ask to ti_exec_standin_wait) is taken as its work at the top level,
- * done at rate(f) = 1 / ((1 - m) * f_top / f + m) per ns while level f is in effect
- * (the level this executor last applied; m = memory_share, the part of the time that
- * does not scale with the clock; unknown level = the top). ti_exec_standin_wait, called
- * right after llama_decode returns and before ti_exec_graph_end, sleeps (GIL released,
- * executor lock released, timer switches still firing) until the work is done: the
- * graph then takes the time it would take on a GPU at the levels the plan applied.
+ * rightly learns that a low clock costs nothing. With the stand-in on, a graph's work W
+ * is the CPU time the engine thread spent between ti_exec_standin_begin (right before
+ * llama_decode) and ti_exec_standin_wait (right after it returns, before
+ * ti_exec_graph_end): its time at the top level on an unloaded host (with llama.cpp's
+ * CPU threads sharing the work evenly; preemption by other processes is not work).
+ * Work is done at rate(f) = 1 / ((1 - m) * f_top / f + m) per ns while level f is in
+ * effect (the level this executor last applied, from the moment its write returned;
+ * unknown = the top; m = memory_share, the part of the time that does not scale with
+ * the clock); during the host's compute, at that rate times its productive share
+ * W / wall. ti_exec_standin_wait sleeps (executor lock released, timer switches still
+ * firing, each waking it) until W is done: the graph takes its host time plus what the
+ * levels the plan applied add to its work, W * (f_top / f - 1) at a constant level f.
  *
  * ti_exec_standin_enable: 0; -EINVAL (memory_share outside [0, 1)); -EPERM for hardware:
  * the kmod actuator, or a sysfs actuator whose files are not regular files outside
  * sysfs (only fake trees and the recording actuator qualify).
- * ti_exec_standin_wait: ns slept, or -1 (off, or no graph running).
+ * ti_exec_standin_wait: ns slept, or -1 (off, or no begin since the last wait).
  */
 TI_API int ti_exec_standin_enable(struct ti_exec *ex, double memory_share);
+TI_API void ti_exec_standin_begin(struct ti_exec *ex);
 TI_API int64_t ti_exec_standin_wait(struct ti_exec *ex);
 TI_API void ti_exec_standin_status(struct ti_exec *ex, uint64_t *graphs, int64_t *waited_ns);
 

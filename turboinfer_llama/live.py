@@ -156,6 +156,9 @@ class SimulatedAccount:
     def on_decode_begin(self, graph: int) -> None:
         self.loop.on_decode_begin(graph)
 
+    def compute_begin(self) -> None:
+        self.loop.compute_begin()
+
     def compute_done(self) -> None:
         self.loop.compute_done()
 
@@ -486,6 +489,9 @@ class RealDeviceControl:
 
     def on_decode_begin(self, graph: int) -> None:
         self.governor.on_decode_begin(graph)
+
+    def compute_begin(self) -> None:
+        self.governor.compute_begin()
 
     def compute_done(self) -> None:
         self.governor.compute_done()

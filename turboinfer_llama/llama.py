@@ -148,6 +148,7 @@ class Llama(llama_cpp.Llama):
             p.emit(EventKind.PREFILL_BEGIN, n_tokens=len(tokens))
         p.on_decode_begin(len(tokens))
         try:
+            p.on_compute_begin()
             super().eval(tokens)
         finally:
             p.on_decode_end()

@@ -2,26 +2,31 @@
 
 When the model runs on the host's CPU while a (fake) GPU is steered, graph time does not
 follow the GPU's clock, and a controller rightly learns that a low clock costs nothing.
-The stand-in makes it follow: each graph's host time ``W`` (from its start to the
-return of ``llama_decode``) is taken as its work at the top level, done at
+The stand-in makes it follow. A graph's work ``W`` is the CPU time the engine thread
+spends between :meth:`ClockStandIn.begin` (right before ``llama_decode``) and
+:meth:`ClockStandIn.wait` (right after it returns, before the executor's graph end):
+its time at the top level on an unloaded host (llama.cpp's CPU threads sharing the
+work evenly; time the host gave to other processes is not work). Work is done at
 
     rate(f) = 1 / ((1 - m) * f_top / f + m)    ns of work per ns
 
-while level ``f`` is in effect (the level the executor last applied; ``m`` =
-``memory_share``, the part of the time that does not scale with the clock; an unknown
-level counts as the top). :meth:`ClockStandIn.wait`, called right after
-``llama_decode`` returns and before the executor's graph end, sleeps until the work is
-done, woken early by each switch: the graph takes the time it would take on a GPU at
-the levels the plan applied (compute-bound scaling, plus the fixed share ``m``).
+while level ``f`` is in effect (the level the executor last applied, from the moment
+its write returned; an unknown level counts as the top; ``m`` = ``memory_share``, the
+part of the time that does not scale with the clock), and during the host's compute
+at that rate times its productive share ``W / wall``. ``wait`` sleeps, woken early by
+each switch, until ``W`` is done: the graph takes its host time plus what the applied
+levels add to its work (``W * (f_top / f - 1)`` at a constant level ``f``).
 
 ``hooks/ti_exec.c`` (``ti_exec_standin_*``) is the same for the native executor. Both
-are off unless ``PowerSettings.clock_standin`` is set; ``live.RealDeviceControl``
-refuses it when any layer runs on a GPU, and the native one refuses hardware actuators.
+are off unless ``PowerSettings.clock_standin`` is set; the simulated device refuses it
+(it scales recorded time itself), ``Llama`` refuses it when a layer runs on a GPU, and
+the native executor refuses hardware actuators (kmod, files on sysfs).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from .._clock import now_ns
 
@@ -44,7 +49,8 @@ class ClockStandIn:
         self._level = -1
         self._acc_ns = 0.0  # progress at _t_ns
         self._t_ns = now_ns()
-        self._t0_ns: int | None = None  # the running graph's start
+        self._t0_ns: int | None = None  # the running graph's begin (wall)
+        self._cpu0_ns = 0  # ... and the engine thread's CPU clock then
         self._p0_ns = 0.0  # progress at its start
         self._stopped = False
         self.graphs = 0
@@ -64,23 +70,32 @@ class ClockStandIn:
             self._level = level
             self._cv.notify_all()
 
-    def graph_begin(self, t_ns: int) -> None:
+    def begin(self) -> None:
+        """Right before ``llama_decode``, on the thread that calls it."""
+        cpu = time.thread_time_ns()
         with self._cv:
-            self._t0_ns = t_ns
-            self._p0_ns = self._progress(t_ns)
+            self._t0_ns = now_ns()
+            self._cpu0_ns = cpu
+            self._p0_ns = self._progress(self._t0_ns)
 
     def wait(self) -> int:
-        """Sleep until the running graph's work is done; ns slept, -1 without a graph."""
+        """Right after ``llama_decode`` returns, on the same thread: sleep until the
+        graph's work is done; ns slept, -1 without a ``begin``."""
+        cpu = time.thread_time_ns()
         with self._cv:
             if self._t0_ns is None:
                 return -1
             start = now = now_ns()
-            target = self._p0_ns + (now - self._t0_ns)
+            wall = now - self._t0_ns
+            work = min(cpu - self._cpu0_ns, wall)
+            base = self._progress(now)
+            done = (base - self._p0_ns) * work / wall if wall > 0 else 0.0
+            left = work - done
             while not self._stopped:
-                left = target - self._progress(now)
-                if left <= 0:
+                rest = left - (self._progress(now) - base)
+                if rest <= 0:
                     break
-                self._cv.wait(left / self._rate() / 1e9)
+                self._cv.wait(rest / self._rate() / 1e9)
                 now = now_ns()
             self._t0_ns = None
             self.graphs += 1

@@ -276,6 +276,13 @@ class Governor:
             ex.enable_standin(memory_share)
             self._standin_share = float(memory_share)
 
+    def compute_begin(self) -> None:
+        """Right before ``llama_decode``, on its thread: the clock stand-in's start
+        (tests only)."""
+        ex = self.executor
+        if self._standin_share is not None and ex is not None and not self.failed:
+            ex.standin_begin()
+
     def compute_done(self) -> None:
         """Right after ``llama_decode`` returns, before its end is stamped and before
         ``graph_end``: the clock stand-in's wait, when it is on (tests only)."""
@@ -503,7 +510,6 @@ class Governor:
             "graph_plan_cpu_us_median": _median_us(self._graph_cpu_ns),
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
         }
-
 
     def _standin_health(self, ex: LiveExecutor | None) -> dict[str, Any] | None:
         st = ex.standin_status() if ex is not None and self._standin_share is not None else None

@@ -58,6 +58,10 @@ class LiveExecutor(Protocol):
 
     # TESTS AND BENCHMARKS ONLY: the CPU stand-in for a GPU clock (control/clock_standin.py)
     def enable_standin(self, memory_share: float) -> None: ...
+    def standin_begin(self) -> None:
+        """Right before llama_decode, on its thread."""
+        ...
+
     def standin_wait(self) -> int:
         """Right after llama_decode returns: sleep until the graph's work is done at the
         levels applied; ns slept, -1 when off."""
@@ -128,8 +132,6 @@ class ThreadedExecutor:
     def graph_begin(self, graph: int) -> None:
         with self._lock:
             t = now_ns()
-            if self._standin is not None:
-                self._standin.graph_begin(t)
             self._model.graph_begin(graph, t)
             self._model.on_node(0, True, t)
         self._wake.set()
@@ -184,6 +186,11 @@ class ThreadedExecutor:
             self._standin = ClockStandIn(self._levels, memory_share)
             if self._model.status.cur_level >= 0:
                 self._standin.switched(self._model.status.cur_level, now_ns())
+
+    def standin_begin(self) -> None:
+        s = self._standin
+        if s is not None:
+            s.begin()
 
     def standin_wait(self) -> int:
         s = self._standin
@@ -266,6 +273,10 @@ class NativeLiveExecutor:
     def enable_standin(self, memory_share: float) -> None:
         self._ex.enable_standin(memory_share)
         self._standin = True
+
+    def standin_begin(self) -> None:
+        if self._standin:
+            self._ex.standin_begin()
 
     def standin_wait(self) -> int:
         return int(self._ex.standin_wait()) if self._standin else -1

@@ -178,6 +178,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
             ("ti_exec_struct_size", i64, [ctypes.c_char_p]),
             ("ti_exec_field_offset", i64, [ctypes.c_char_p, ctypes.c_char_p]),
             ("ti_exec_standin_enable", ctypes.c_int, [vp, ctypes.c_double]),
+            ("ti_exec_standin_begin", None, [vp]),
             ("ti_exec_standin_wait", i64, [vp]),
             ("ti_exec_standin_status", None, [vp, ctypes.POINTER(u64), ctypes.POINTER(i64)]),
             ("ti_exec_bench_nodes", None, [vp, i32, u32, ctypes.c_bool, vp]),
@@ -385,13 +386,21 @@ class NativeExecutor:
         with self._lock:
             rc = self._lib.ti_exec_standin_enable(self._h(), float(memory_share))
         if rc == -errno_mod.EPERM:
-            raise ExecutorError(f"the clock stand-in is for fake devices only, not {self.actuator!r}")
+            raise ExecutorError(
+                f"the clock stand-in is for fake devices only, not {self.actuator!r}"
+            )
         if rc != 0:
             raise ValueError(f"memory_share {memory_share} outside [0, 1)")
 
+    def standin_begin(self) -> None:
+        """Right before llama_decode, on the thread that calls it."""
+        with self._lock:
+            self._lib.ti_exec_standin_begin(self._h())
+
     def standin_wait(self) -> int:
-        """Right after llama_decode returns, before ``graph_end``: sleep (GIL released)
-        until the graph's work is done at the levels applied. ns slept, -1 when off."""
+        """Right after llama_decode returns, on the same thread, before ``graph_end``:
+        sleep (GIL released) until the graph's work is done at the levels applied. ns
+        slept, -1 when off."""
         with self._lock:
             return int(self._lib.ti_exec_standin_wait(self._h()))
 
