@@ -122,6 +122,24 @@ struct ti_exec {
 	int64_t next_due_ns;
 	uint64_t timer_seq;
 	uint64_t applied, skipped, mismatches, late_plans, plans_set;
+	/*
+	 * The CPU stand-in for a GPU clock (tests and benchmarks only; see
+	 * ti_exec_standin_enable): the graph's work W is its wall time on the host, taken as
+	 * the time at the top level; progress runs at rate(level) <= 1 per ns (rate[] per
+	 * level, 1 when unknown), integrated piecewise: sp_acc_ns at sp_t_ns, then the
+	 * current level's rate since. sp_p0_ns: progress at the graph's first ask.
+	 */
+	bool standin;
+	double standin_rate[TI_EXEC_MAX_LEVELS];
+	double sp_acc_ns;
+	int64_t sp_t_ns;
+	double sp_p0_ns;
+	bool sp_begun;          /* ti_exec_standin_begin called, wait not yet */
+	int64_t sp_begin_ns;    /* its wall clock */
+	int64_t sp_begin_cpu_ns; /* its calling thread's CPU clock */
+	uint64_t standin_graphs;
+	int64_t standin_waited_ns;
+	pthread_cond_t standin_cv; /* CLOCK_MONOTONIC; broadcast under mu at each switch */
 	/* end of mu */
 
 	/*
@@ -150,6 +168,15 @@ struct ti_exec {
 	_Atomic bool joined; /* ti_exec_stop joined the timer thread */
 };
 
+static int64_t ti_thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static int64_t ti_clock_ns(void)
 {
 	struct timespec ts;
@@ -157,6 +184,29 @@ static int64_t ti_clock_ns(void)
 	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
 		return 0;
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- the CPU stand-in's progress (caller holds mu) -------------------------------- */
+
+static double ti_sp_rate(const struct ti_exec *ex)
+{
+	return ex->cur_level < 0 ? 1.0 : ex->standin_rate[ex->cur_level];
+}
+
+/* Progress (ns of top-level work) done by t_ns at the level in effect since sp_t_ns. */
+static double ti_sp_progress(const struct ti_exec *ex, int64_t t_ns)
+{
+	return ex->sp_acc_ns + (double)(t_ns - ex->sp_t_ns) * ti_sp_rate(ex);
+}
+
+/* Called before the level in effect changes at t_ns. */
+static void ti_sp_advance(struct ti_exec *ex, int64_t t_ns)
+{
+	if (!ex->standin)
+		return;
+	ex->sp_acc_ns = ti_sp_progress(ex, t_ns);
+	ex->sp_t_ns = t_ns;
+	pthread_cond_broadcast(&ex->standin_cv);
 }
 
 /* ---- log ------------------------------------------------------------------------ */
@@ -274,6 +324,7 @@ static void ti_apply_due(struct ti_exec *ex, int32_t level, enum ti_source sourc
 		pthread_cond_broadcast(&ex->wake); /* the timer thread exits */
 		return;
 	}
+	ti_sp_advance(ex, done_ns); /* the write has landed: the new clock from here */
 	ex->cur_level = level;
 	ex->applied++;
 }
@@ -797,6 +848,11 @@ TI_API int ti_exec_create(const struct ti_exec_config *cfg, struct ti_exec **out
 	err = -pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
 	if (err == 0)
 		err = -pthread_cond_init(&ex->wake, &attr);
+	if (err == 0) {
+		err = -pthread_cond_init(&ex->standin_cv, &attr);
+		if (err != 0)
+			pthread_cond_destroy(&ex->wake);
+	}
 	pthread_condattr_destroy(&attr);
 	if (err != 0)
 		goto fail_drain_mu;
@@ -808,6 +864,7 @@ TI_API int ti_exec_create(const struct ti_exec_config *cfg, struct ti_exec **out
 	return 0;
 
 fail_cond:
+	pthread_cond_destroy(&ex->standin_cv);
 	pthread_cond_destroy(&ex->wake);
 fail_drain_mu:
 	pthread_mutex_destroy(&ex->drain_mu);
@@ -833,6 +890,7 @@ TI_API void ti_exec_stop(struct ti_exec *ex)
 	ti_lock(ex);
 	ex->stopped = true; /* under mu: no actuator call is in flight now, none will start */
 	pthread_cond_broadcast(&ex->wake);
+	pthread_cond_broadcast(&ex->standin_cv); /* a stand-in wait ends at once */
 	ti_unlock(ex);
 	if (ex->timer_started && !atomic_exchange(&ex->joined, true))
 		pthread_join(ex->timer, NULL);
@@ -843,6 +901,7 @@ TI_API void ti_exec_destroy(struct ti_exec *ex)
 	if (ex == NULL)
 		return;
 	ti_exec_stop(ex);
+	pthread_cond_destroy(&ex->standin_cv);
 	pthread_cond_destroy(&ex->wake);
 	pthread_mutex_destroy(&ex->drain_mu);
 	pthread_mutex_destroy(&ex->mu);
@@ -1049,6 +1108,114 @@ TI_API void ti_exec_status(struct ti_exec *ex, struct ti_exec_status *out)
 		.stopped = ex->stopped ? 1 : 0,
 		.timer_rt = ex->timer_rt ? 1 : 0,
 	};
+	ti_unlock(ex);
+}
+
+/* ---- the CPU stand-in for a GPU clock (tests and benchmarks only) ---------------- */
+
+TI_API int ti_exec_standin_enable(struct ti_exec *ex, double memory_share)
+{
+	int which, n_files;
+	uint32_t i;
+	double f_top;
+
+	if (ex == NULL || !(memory_share >= 0.0 && memory_share < 1.0))
+		return -EINVAL;
+	/* Never on hardware: a real clock already sets graph time there. Only the recording
+	 * actuator, or sysfs actuators whose files are regular files outside sysfs (a fake
+	 * tree: ti_open_files set truncate for exactly those). */
+	if (ex->actuator == TI_ACT_KMOD)
+		return -EPERM;
+	n_files = ex->actuator == TI_ACT_SYSFS_PAIR ? 2 : ex->actuator == TI_ACT_SYSFS_ONE ? 1 : 0;
+	for (which = 0; which < n_files; which++) {
+		if (!ex->truncate[which])
+			return -EPERM;
+	}
+	f_top = (double)ex->levels_hz[ex->n_levels - 1];
+	ti_lock(ex);
+	for (i = 0; i < ex->n_levels; i++) {
+		double slow = (1.0 - memory_share) * f_top / (double)ex->levels_hz[i] + memory_share;
+
+		ex->standin_rate[i] = 1.0 / slow;
+	}
+	if (!ex->standin) {
+		ex->sp_acc_ns = 0.0;
+		ex->sp_t_ns = ti_clock_ns();
+		ex->sp_p0_ns = 0.0;
+	}
+	ex->standin = true;
+	ti_unlock(ex);
+	return 0;
+}
+
+TI_API void ti_exec_standin_begin(struct ti_exec *ex)
+{
+	int64_t cpu_ns = ti_thread_cpu_ns();
+
+	if (ex == NULL)
+		return;
+	ti_lock(ex);
+	if (ex->standin) {
+		ex->sp_begun = true;
+		ex->sp_begin_ns = ti_clock_ns();
+		ex->sp_begin_cpu_ns = cpu_ns;
+		ex->sp_p0_ns = ti_sp_progress(ex, ex->sp_begin_ns);
+	}
+	ti_unlock(ex);
+}
+
+TI_API int64_t ti_exec_standin_wait(struct ti_exec *ex)
+{
+	int64_t cpu_ns = ti_thread_cpu_ns();
+	int64_t start_ns, now_ns, wall_ns, work_ns;
+	double done, left, base;
+
+	if (ex == NULL)
+		return -1;
+	ti_lock(ex);
+	if (!ex->standin || !ex->sp_begun) {
+		ti_unlock(ex);
+		return -1;
+	}
+	ex->sp_begun = false;
+	start_ns = now_ns = ti_clock_ns();
+	wall_ns = now_ns - ex->sp_begin_ns;
+	work_ns = cpu_ns - ex->sp_begin_cpu_ns;
+	if (work_ns > wall_ns)
+		work_ns = wall_ns;
+	/* The host was productive work/wall of the time: the work done at the levels in
+	 * effect meanwhile is that share of their progress; the rest is done now. */
+	base = ti_sp_progress(ex, now_ns);
+	done = wall_ns > 0 ? (base - ex->sp_p0_ns) * (double)work_ns / (double)wall_ns : 0.0;
+	left = (double)work_ns - done;
+	while (!ex->stopped) {
+		double rest = left - (ti_sp_progress(ex, now_ns) - base);
+		int64_t due_ns;
+		struct timespec ts;
+
+		if (rest <= 0.0)
+			break;
+		/* done at the current clock by due_ns; a switch meanwhile wakes us early */
+		due_ns = now_ns + (int64_t)(rest / ti_sp_rate(ex)) + 1;
+		ts.tv_sec = (time_t)(due_ns / 1000000000);
+		ts.tv_nsec = (long)(due_ns % 1000000000);
+		pthread_cond_timedwait(&ex->standin_cv, &ex->mu, &ts); /* 0 or ETIMEDOUT */
+		ti_run_deferred(ex);
+		now_ns = ti_clock_ns();
+	}
+	ex->standin_graphs++;
+	ex->standin_waited_ns += now_ns - start_ns;
+	ti_unlock(ex);
+	return now_ns - start_ns;
+}
+
+TI_API void ti_exec_standin_status(struct ti_exec *ex, uint64_t *graphs, int64_t *waited_ns)
+{
+	if (ex == NULL || graphs == NULL || waited_ns == NULL)
+		return;
+	ti_lock(ex);
+	*graphs = ex->standin_graphs;
+	*waited_ns = ex->standin_waited_ns;
 	ti_unlock(ex);
 }
 

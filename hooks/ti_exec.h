@@ -142,6 +142,32 @@ TI_API int ti_exec_switch_now(struct ti_exec *ex, int32_t level);
 TI_API uint32_t ti_exec_drain_log(struct ti_exec *ex, struct ti_applied *out, uint32_t max);
 TI_API void ti_exec_status(struct ti_exec *ex, struct ti_exec_status *out);
 
+/*
+ * TESTS AND BENCHMARKS ONLY: a CPU stand-in for a GPU clock. When the model runs on the
+ * host's CPU, graph time does not follow the steered GPU's clock, and a controller
+ * rightly learns that a low clock costs nothing. With the stand-in on, a graph's work W
+ * is the CPU time the engine thread spent between ti_exec_standin_begin (right before
+ * llama_decode) and ti_exec_standin_wait (right after it returns, before
+ * ti_exec_graph_end): its time at the top level on an unloaded host (with llama.cpp's
+ * CPU threads sharing the work evenly; preemption by other processes is not work).
+ * Work is done at rate(f) = 1 / ((1 - m) * f_top / f + m) per ns while level f is in
+ * effect (the level this executor last applied, from the moment its write returned;
+ * unknown = the top; m = memory_share, the part of the time that does not scale with
+ * the clock); during the host's compute, at that rate times its productive share
+ * W / wall. ti_exec_standin_wait sleeps (executor lock released, timer switches still
+ * firing, each waking it) until W is done: the graph takes its host time plus what the
+ * levels the plan applied add to its work, W * (f_top / f - 1) at a constant level f.
+ *
+ * ti_exec_standin_enable: 0; -EINVAL (memory_share outside [0, 1)); -EPERM for hardware:
+ * the kmod actuator, or a sysfs actuator whose files are not regular files outside
+ * sysfs (only fake trees and the recording actuator qualify).
+ * ti_exec_standin_wait: ns slept, or -1 (off, or no begin since the last wait).
+ */
+TI_API int ti_exec_standin_enable(struct ti_exec *ex, double memory_share);
+TI_API void ti_exec_standin_begin(struct ti_exec *ex);
+TI_API int64_t ti_exec_standin_wait(struct ti_exec *ex);
+TI_API void ti_exec_standin_status(struct ti_exec *ex, uint64_t *graphs, int64_t *waited_ns);
+
 /* ABI checks for the Python side: sizeof a struct by name, offsetof a field (-1). */
 TI_API int64_t ti_exec_struct_size(const char *name);
 TI_API int64_t ti_exec_field_offset(const char *name, const char *field);

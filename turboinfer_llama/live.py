@@ -102,6 +102,11 @@ class SimulatedAccount:
     ) -> None:
         from .control.governor import Governor
 
+        if settings.clock_standin:
+            raise ValueError(
+                "clock_standin is for fake real-device backends: the simulated device "
+                "already scales the recorded timeline by its clock"
+            )
         self.device = device
         self.shadow = SimGpu(device.profile)
         kw = {**for_device(device), "latency_slack": settings.latency_slack}
@@ -150,6 +155,12 @@ class SimulatedAccount:
 
     def on_decode_begin(self, graph: int) -> None:
         self.loop.on_decode_begin(graph)
+
+    def compute_begin(self) -> None:
+        self.loop.compute_begin()
+
+    def compute_done(self) -> None:
+        self.loop.compute_done()
 
     def graph_end(self) -> None:
         self.loop.graph_end()
@@ -461,12 +472,30 @@ class RealDeviceControl:
         self.governor = Governor(
             ctrl, device, granularity=settings.granularity, native=settings.native_hooks
         ).start()
+        if settings.clock_standin:
+            # tests and benchmarks only; the executor refuses hardware actuators, and
+            # Llama refuses it when a layer runs on a GPU (llama.py)
+            log.warning(
+                "clock_standin is on: each graph is stretched to the time it would take "
+                "at the applied clock (a test stand-in; never for real hardware)"
+            )
+            try:
+                self.governor.enable_clock_standin(settings.clock_standin_memory_share)
+            except BaseException:
+                self.governor.close()
+                raise
 
     def on_event(self, event: Event) -> None:
         self.governor.on_event(event)
 
     def on_decode_begin(self, graph: int) -> None:
         self.governor.on_decode_begin(graph)
+
+    def compute_begin(self) -> None:
+        self.governor.compute_begin()
+
+    def compute_done(self) -> None:
+        self.governor.compute_done()
 
     def graph_end(self) -> None:
         self.governor.graph_end()
@@ -489,6 +518,7 @@ class RealDeviceControl:
             "levels_used": health["levels_used"],
             "feedback": health["feedback"],
             "executor": health["executor"],
+            "clock_standin": health["clock_standin"],
             "decision_us_median": health["decision_us_median"],
             "graph_plan_us_median": health["graph_plan_us_median"],
             "graph_plan_cpu_us_median": health["graph_plan_cpu_us_median"],

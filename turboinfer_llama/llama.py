@@ -127,6 +127,13 @@ class Llama(llama_cpp.Llama):
         except PlacementError as e:  # only figures for stats() were at stake
             report = offload.OffloadReport(n_gpu_layers, gpu_backend=True, warning=str(e))
         self.power.offload = report.to_json()
+        if settings.clock_standin and report.gpu_share != 0.0:
+            self.close()  # gives the device back as found
+            raise ValueError(
+                "clock_standin stands in for a GPU clock on a model that runs on the "
+                f"host's CPU; here {report.gpu_share} of the layers are (or may be) on "
+                "a GPU, whose time already follows its clock"
+            )
 
     # -- per-token events --------------------------------------------------------
     def eval(self, tokens: Sequence[int]) -> None:
@@ -141,6 +148,7 @@ class Llama(llama_cpp.Llama):
             p.emit(EventKind.PREFILL_BEGIN, n_tokens=len(tokens))
         p.on_decode_begin(len(tokens))
         try:
+            p.on_compute_begin()
             super().eval(tokens)
         finally:
             p.on_decode_end()

@@ -218,9 +218,17 @@ class PowerSession:
         ev = self.emit(EventKind.DECODE_BEGIN, graph=self._graph, n_tokens=n_tokens)
         self._decode_begin = (ev.t_ns, n_tokens)
 
+    def on_compute_begin(self) -> None:
+        """Right before llama_decode, after the decode-begin event's work: the clock
+        stand-in's start (tests only; nothing otherwise)."""
+        if self._hook is not None and self._loop is not None:
+            self._loop.compute_begin()
+
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
+        if self._loop is not None:  # the clock stand-in's wait, when on (tests only)
+            self._loop.compute_done()
         # the decode ended now, where the executor's end-of-graph switch lands: the
         # drain below may wait for the GIL (the planner holds it) for milliseconds,
         # which belongs to the stall after the graph, not to its kernels

@@ -89,6 +89,23 @@ class PowerSettings(BaseSettings):
         "(replay_energy_per_token_j, applied_energy_per_token_j; null when off).",
     )
 
+    clock_standin: bool = Field(
+        default=False,
+        description="TESTS AND BENCHMARKS ONLY, never for real hardware: when the model "
+        "runs on the host's CPU while a fake GPU (a devfreq/KGSL tree outside /sys, an "
+        "adb fake) is steered, stretch each graph to the time it would take at the "
+        "levels applied (its host time taken as the work at the top level). Refused "
+        "for the simulated device, kmod, real sysfs files, and when a layer runs on a "
+        "GPU.",
+    )
+    clock_standin_memory_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="With clock_standin: the share of graph time that does not scale "
+        "with the clock (memory-bound); 0 = compute-bound.",
+    )
+
     @field_validator("controller")
     @classmethod
     def _known_controller(cls, v: str) -> str:

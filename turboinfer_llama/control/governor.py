@@ -130,6 +130,7 @@ class Governor:
         self._last_plan: Plan | None = None
         obs = getattr(device, "observe_cap_hz", None)
         self._observe_cap = obs if callable(obs) and not record_only else None
+        self._standin_share: float | None = None  # the clock stand-in (tests only)
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -265,6 +266,29 @@ class Governor:
                 self._set_plan(self._last_plan)  # re-set, clamped
             if cur > cap:
                 ex.switch_now(cap)
+
+    def enable_clock_standin(self, memory_share: float = 0.0) -> None:
+        """TESTS AND BENCHMARKS ONLY (``control/clock_standin.py``): each graph then
+        takes the time it would take at the levels the executor applied. The executor
+        refuses it for hardware actuators (``ExecutorError``)."""
+        ex = self.executor
+        if ex is not None:
+            ex.enable_standin(memory_share)
+            self._standin_share = float(memory_share)
+
+    def compute_begin(self) -> None:
+        """Right before ``llama_decode``, on its thread: the clock stand-in's start
+        (tests only)."""
+        ex = self.executor
+        if self._standin_share is not None and ex is not None and not self.failed:
+            ex.standin_begin()
+
+    def compute_done(self) -> None:
+        """Right after ``llama_decode`` returns, before its end is stamped and before
+        ``graph_end``: the clock stand-in's wait, when it is on (tests only)."""
+        ex = self.executor
+        if self._standin_share is not None and ex is not None and not self.failed:
+            ex.standin_wait()
 
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
@@ -478,12 +502,24 @@ class Governor:
             "levels_used": len(self.levels_used),
             "feedback": self.feedback,
             "executor": st,
+            "clock_standin": self._standin_health(ex),
             "decision_us_median": (
                 statistics.median(self._decision_ns) / 1e3 if self._decision_ns else None
             ),
             "graph_plan_us_median": _median_us(self._graph_ns),
             "graph_plan_cpu_us_median": _median_us(self._graph_cpu_ns),
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
+        }
+
+    def _standin_health(self, ex: LiveExecutor | None) -> dict[str, Any] | None:
+        st = ex.standin_status() if ex is not None and self._standin_share is not None else None
+        if st is None:
+            return None
+        return {
+            "what": "TEST STAND-IN: graph time scaled by the applied clock (simulated)",
+            "memory_share": self._standin_share,
+            "graphs": st["graphs"],
+            "waited_ms": st["waited_ns"] / 1e6,
         }
 
 

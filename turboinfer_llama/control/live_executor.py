@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from .._clock import now_ns
 from ..devices.base import DeviceError, GpuDevice
 from ..devices.os_errors import translate
+from .clock_standin import ClockStandIn
 from .executor_model import ExecutorModel
 from .plan import Applied, Plan
 
@@ -55,6 +56,19 @@ class LiveExecutor(Protocol):
     def stop(self) -> None: ...
     def close(self) -> None: ...
 
+    # TESTS AND BENCHMARKS ONLY: the CPU stand-in for a GPU clock (control/clock_standin.py)
+    def enable_standin(self, memory_share: float) -> None: ...
+    def standin_begin(self) -> None:
+        """Right before llama_decode, on its thread."""
+        ...
+
+    def standin_wait(self) -> int:
+        """Right after llama_decode returns: sleep until the graph's work is done at the
+        levels applied; ns slept, -1 when off."""
+        ...
+
+    def standin_status(self) -> dict[str, int] | None: ...
+
 
 class ThreadedExecutor:
     """:class:`ExecutorModel` on the real clock: a timer thread fires time-keyed
@@ -74,11 +88,14 @@ class ThreadedExecutor:
         self._exc: DeviceError | None = None
         self._wake = threading.Event()
         self._stopped = False
+        self._standin: ClockStandIn | None = None
         self._thread = threading.Thread(target=self._timer, name="turboinfer-executor", daemon=True)
         self._thread.start()
 
     def _actuate(self, level: int) -> int:
         if self._device is None:
+            if self._standin is not None:
+                self._standin.switched(level, now_ns())
             return 0
         try:
             self._device.set_hz(self._levels[level])
@@ -90,6 +107,8 @@ class ThreadedExecutor:
             self._exc = translate(e, getattr(self._device, "name", "?"), "set the clock of")
             self._error = f"{type(self._exc).__name__}: {self._exc}"
             return e.errno or errno.EIO
+        if self._standin is not None:  # the write has landed: the new clock from here
+            self._standin.switched(level, now_ns())
         return 0
 
     def exception(self) -> DeviceError | None:
@@ -162,8 +181,29 @@ class ThreadedExecutor:
             timeout = None if due is None else max(0.0, (due - now_ns()) / 1e9)
             self._wake.wait(timeout)
 
+    def enable_standin(self, memory_share: float) -> None:
+        with self._lock:
+            self._standin = ClockStandIn(self._levels, memory_share)
+            if self._model.status.cur_level >= 0:
+                self._standin.switched(self._model.status.cur_level, now_ns())
+
+    def standin_begin(self) -> None:
+        s = self._standin
+        if s is not None:
+            s.begin()
+
+    def standin_wait(self) -> int:
+        s = self._standin
+        return -1 if s is None else s.wait()  # never under _lock: switches must land
+
+    def standin_status(self) -> dict[str, int] | None:
+        s = self._standin
+        return None if s is None else s.status()
+
     def stop(self) -> None:
         """Join the timer thread; no switch is applied afterwards."""
+        if self._standin is not None:
+            self._standin.stop()
         with self._lock:
             self._stopped = True
             self._model.stop()
@@ -183,6 +223,7 @@ class NativeLiveExecutor:
     def __init__(self, ex: Any) -> None:
         self._ex = ex
         self._attached = False
+        self._standin = False
 
     def attach(self, hook: Any) -> bool:
         from ..engine.hooks import NativeHook
@@ -228,6 +269,20 @@ class NativeLiveExecutor:
 
     def status(self) -> dict[str, Any]:
         return {"native": True, **self._ex.status()}
+
+    def enable_standin(self, memory_share: float) -> None:
+        self._ex.enable_standin(memory_share)
+        self._standin = True
+
+    def standin_begin(self) -> None:
+        if self._standin:
+            self._ex.standin_begin()
+
+    def standin_wait(self) -> int:
+        return int(self._ex.standin_wait()) if self._standin else -1
+
+    def standin_status(self) -> dict[str, int] | None:
+        return dict(self._ex.standin_status()) if self._standin else None
 
     def stop(self) -> None:
         self._ex.stop()

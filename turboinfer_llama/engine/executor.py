@@ -177,6 +177,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
             ("ti_exec_status", None, [vp, ctypes.POINTER(_Status)]),
             ("ti_exec_struct_size", i64, [ctypes.c_char_p]),
             ("ti_exec_field_offset", i64, [ctypes.c_char_p, ctypes.c_char_p]),
+            ("ti_exec_standin_enable", ctypes.c_int, [vp, ctypes.c_double]),
+            ("ti_exec_standin_begin", None, [vp]),
+            ("ti_exec_standin_wait", i64, [vp]),
+            ("ti_exec_standin_status", None, [vp, ctypes.POINTER(u64), ctypes.POINTER(i64)]),
             ("ti_exec_bench_nodes", None, [vp, i32, u32, ctypes.c_bool, vp]),
             ("ti_exec_bench_eval", None, [vp, vp, u32, vp]),
             ("ti_hook_set_executor", None, [vp, vp]),
@@ -372,6 +376,40 @@ class NativeExecutor:
         """Right after llama_decode returns."""
         with self._lock:
             self._lib.ti_exec_graph_end(self._h())
+
+    def enable_standin(self, memory_share: float = 0.0) -> None:
+        """TESTS AND BENCHMARKS ONLY (``hooks/ti_exec.h``): make each graph take the time
+        it would take on a GPU at the levels applied, its host time being the work at
+        the top level (``memory_share``: the part that does not scale with the clock).
+        Refused (``ExecutorError``) for hardware actuators: kmod, and sysfs files that
+        are not regular files outside sysfs."""
+        with self._lock:
+            rc = self._lib.ti_exec_standin_enable(self._h(), float(memory_share))
+        if rc == -errno_mod.EPERM:
+            raise ExecutorError(
+                f"the clock stand-in is for fake devices only, not {self.actuator!r}"
+            )
+        if rc != 0:
+            raise ValueError(f"memory_share {memory_share} outside [0, 1)")
+
+    def standin_begin(self) -> None:
+        """Right before llama_decode, on the thread that calls it."""
+        with self._lock:
+            self._lib.ti_exec_standin_begin(self._h())
+
+    def standin_wait(self) -> int:
+        """Right after llama_decode returns, on the same thread, before ``graph_end``:
+        sleep (GIL released) until the graph's work is done at the levels applied. ns
+        slept, -1 when off."""
+        with self._lock:
+            return int(self._lib.ti_exec_standin_wait(self._h()))
+
+    def standin_status(self) -> dict[str, int]:
+        """Graphs the stand-in stretched and the ns it slept in all."""
+        graphs, waited = ctypes.c_uint64(0), ctypes.c_int64(0)
+        with self._lock:
+            self._lib.ti_exec_standin_status(self._h(), ctypes.byref(graphs), ctypes.byref(waited))
+        return {"graphs": int(graphs.value), "waited_ns": int(waited.value)}
 
     def switch_now(self, level: int) -> None:
         if not 0 <= level < len(self.levels_hz):
