@@ -162,7 +162,9 @@ def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
     )
     try:
         for p in PROMPTS:
-            llm(p, max_tokens=24, temperature=0.0)
+            # a phone's sampling stall: long enough against the switch latency for
+            # tmpc's drop-and-raise around it (this host's ~1 ms is not)
+            llm(p, max_tokens=24, temperature=0.0, logits_processor=phone_sampling_stall())
         loop = llm.power.live.loop
         loop.wait_idle()
         trace = llm.power.record(tmp_path / "live.json")
