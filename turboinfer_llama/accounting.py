@@ -465,12 +465,16 @@ class Switches:
 class Schedule:
     """Switches planned offline on a predicted clock (``rel_ns``: issue times, 0 = the
     run's start, ascending) with the predicted start of every step (``step_ns``), as
-    the oracle plans them. The run re-anchors the schedule at each step's start (and
-    at each ``anchor_kernel``, as the host reaches it), as the oracle does on events,
-    so model error does not accumulate: when the anchor comes more than
-    ``tolerance_ns`` off its prediction (relative to the last anchor), the level the
-    schedule has in effect there is issued at once and the later switches move with
-    it."""
+    the oracle plans them. The run re-anchors the schedule at each step's start and
+    at each ``anchor_kernel`` (a block start inside a graph) as the host reaches it,
+    as the oracle does on events, so model error does not accumulate: when the anchor
+    comes more than ``tolerance_ns`` off its prediction (relative to the last anchor),
+    the level the schedule has in effect there is issued at once and the later
+    switches move with it. While the device lags the plan (a switch still pending, or
+    a level other than ``kernel_hz`` planned for the kernel at hand) every kernel
+    anchors (``kernel_ns``), as every node ask does in replay: that is when kernels run
+    off their predicted time; in step with the plan the drift cannot change, and the
+    batch runs whole to the next block."""
 
     rel_ns: np.ndarray
     freq_hz: np.ndarray
@@ -480,6 +484,10 @@ class Schedule:
     # time the host reaches it (before its gap)
     anchor_kernel: np.ndarray | None = None
     anchor_ns: np.ndarray | None = None
+    # every kernel: the predicted time the host reaches it (before its gap), and the
+    # level planned for it
+    kernel_ns: np.ndarray | None = None
+    kernel_hz: np.ndarray | None = None
 
 
 @dataclass
@@ -615,6 +623,48 @@ def _run(
         else [0.0] * sk_n
     )
 
+    kns: np.ndarray | None = None
+    khz: list[int] = []
+    if schedule is not None and schedule.kernel_ns is not None and schedule.kernel_hz is not None:
+        kns = schedule.kernel_ns
+        khz = schedule.kernel_hz.tolist()
+
+    def lagging(k: int) -> bool:
+        """The device is not at the level planned for kernel ``k`` (or will change)."""
+        return getattr(dev, "next_switch", None) is not None or dev.current_hz() != khz[k]
+
+    def drift_end(lo: int, i: int, cut: int, f: np.ndarray, b: np.ndarray, g: np.ndarray) -> int:
+        """Off the plan, kernels run off their predicted time: the first kernel in
+        ``(i, cut)`` at which the drift has moved past the tolerance (where replay, at
+        that node's ask, re-anchors), assuming the level in effect holds; else ``cut``."""
+        assert kns is not None and schedule is not None
+        if cut - i <= 1:
+            return cut
+        share = 1.0 - float(getattr(dev, "background_share", 0.0))
+        hz = dev.current_hz()
+        nxt = getattr(dev, "next_switch", None)
+        if nxt is not None and nxt[0] <= dev.now_ns():
+            hz = nxt[1]  # due now: lands as the batch starts
+        dur = np.rint(dev.profile.kernel_ns_array(f[i:cut], b[i:cut], hz, share))
+        reach = dev.now_ns() + np.cumsum(g[i : cut - 1] + dur[:-1])  # host reaches i+1..
+        off = reach - t_start - kns[lo + i + 1 : lo + cut]
+        over = np.abs(off - offset) > schedule.tolerance_ns
+        return i + 1 + int(np.argmax(over)) if bool(over.any()) else cut
+
+    def stop_at() -> int | None:
+        """The next switch instant, or a pending level change landing (off the plan)."""
+        stop = next_stop()
+        nxt = getattr(dev, "next_switch", None)
+        land = nxt[0] if nxt is not None else None
+        if (
+            kns is not None
+            and land is not None
+            and land > dev.now_ns()
+            and (stop is None or land < stop)
+        ):
+            return int(land)
+        return stop
+
     def anchor(si: int) -> None:
         assert schedule is not None
         reanchor(float(schedule.step_ns[si]))
@@ -677,16 +727,21 @@ def _run(
         i = 0
         for cut in [*cuts, n]:
             while i < cut:
+                # off the plan: up to where the drift moves (re-anchor there)
+                end = drift_end(lo, i, cut, f, b, g) if kns is not None and lagging(lo + i) else cut
                 res = dev.run_batch(
-                    f[i:cut], b[i:cut], g[i:cut], phase=step.phase, stop_at_ns=next_stop()
+                    f[i:end], b[i:end], g[i:end], phase=step.phase, stop_at_ns=stop_at()
                 )
                 i += res.n_done
-                if i < cut and (res.gap_left_ns != g[i] or res.work_left != 1.0):
+                if i < end and (res.gap_left_ns != g[i] or res.work_left != 1.0):
                     f, b, g = f.copy(), b.copy(), g.copy()
                     g[i] = res.gap_left_ns
                     f[i] *= res.work_left
                     b[i] *= res.work_left
                 fire_due()
+                if kns is not None and i == end < cut:
+                    reanchor(kns[lo + i])
+                    fire_due()
             if cut < n:
                 if sk_n:
                     j = bisect.bisect_left(sk_list, lo + cut)

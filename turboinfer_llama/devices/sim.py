@@ -783,6 +783,12 @@ class SimGpu:
         the executor's log afterwards (simulated)."""
         return RecordActuator()
 
+    @property
+    def next_switch(self) -> tuple[int, int] | None:
+        """The next requested level change not landed yet (switch latency, minimum
+        dwell): (virtual ns it lands, Hz); None when none is pending."""
+        return self._pending[0] if self._pending else None
+
     def kernel_ns(self, flops: float, bytes_: float, hz: int | None = None) -> float:
         """Predicted kernel time at ``hz`` (default: now) under the current contention."""
         return self.profile.kernel_ns(flops, bytes_, hz or self._hz, self._bw_share)

@@ -129,6 +129,7 @@ class Oracle:
         from ...accounting import PhoneTrace, default_shadow, scheduled_energy
 
         self._factory = device_factory
+        self._account: Any = None
         dev = device_factory()
         # the segments are the ones replay runs (host model already applied)
         self.trace = trace if trace is not None else PhoneTrace.shared(segments, dev.profile)
@@ -139,6 +140,8 @@ class Oracle:
         self.budgets_ns = dict(budgets_ns)
         self.levels = dev.frequencies_hz()
         self.s_ns = dev.capabilities.switch_latency_ns
+        self._profile = dev.profile
+        self._share = 1.0 - float(getattr(dev, "background_share", 0.0))
         t, e, phase_of, self._step_block, inner = _blocks(self.trace, dev)
         self._block_kernel_block, self._block_kernel, self._block_gap = inner
         n_blocks = len(phase_of)
@@ -157,6 +160,7 @@ class Oracle:
         best: dict[str, tuple[float, np.ndarray]] = {}
         bad = {ph: float("inf") for ph in groups}
         tried: set[bytes] = set()
+        checked: dict[bytes, Any] = {}  # schedule -> its check run's figures
         step = {ph: 1_000.0 for ph in groups}
         over: set[str] = set()
         for _ in range(refine + 1):
@@ -175,6 +179,7 @@ class Oracle:
             # replay re-anchors on events); move each phase's target by its miss (the
             # block model drifts by about 0.1% from switches landing inside kernels)
             res = scheduled_energy(self.trace, device_factory(), self.plan_schedule())
+            checked[self.schedule.tobytes()] = res
             got = dict(res.time_by_phase_ns)
             done = True
             over = set()
@@ -201,6 +206,7 @@ class Oracle:
             elif ph in self.budgets_ns:  # never within budget: the fastest schedule
                 self.schedule[idx] = self._solve(t[idx], e[idx], 0.0)
         self._timeline()
+        self._account = checked.get(self.schedule.tobytes())  # already run: no need again
         rows = np.arange(n_blocks)
         self.energy_j = float(e[rows, self.schedule].sum())
         self.time_ns = float(t[rows, self.schedule].sum())
@@ -211,6 +217,8 @@ class Oracle:
         (simulated; within 0.5% of a per-kernel replay of this controller)."""
         from ...accounting import scheduled_energy
 
+        if device is None and self._account is not None:
+            return self._account
         dev = device if device is not None else self._factory()
         return scheduled_energy(self.trace, dev, self.plan_schedule())
 
@@ -219,13 +227,31 @@ class Oracle:
         every step's predicted start)."""
         from ...accounting import Schedule
 
+        n = self.trace.n_kernels
+        kernel_ns = np.zeros(n)
+        kernel_hz = np.zeros(n, dtype=np.int64)
+        levels = np.asarray(self.levels, dtype=np.int64)
+        for si, step in enumerate(self.trace.steps):
+            if hasattr(step, "flops"):
+                sl = slice(step.first_kernel, step.first_kernel + len(step.flops))
+                kernel_ns[sl] = self._kernel_starts(si) - step.gaps_ns
+                kernel_hz[sl] = levels[self.schedule[self._kernel_blocks(si)]]
         return Schedule(
             np.asarray(self._rel_at, dtype=np.float64),
             np.asarray([hz for _, hz in self._rel], dtype=np.int64),
             self._step_ns,
             anchor_kernel=self._block_kernel,
             anchor_ns=self._block_start[self._block_kernel_block] - self._block_gap,
+            kernel_ns=kernel_ns,
+            kernel_hz=kernel_hz,
         )
+
+    def _kernel_blocks(self, si: int) -> np.ndarray:
+        """The block of every kernel of graph step ``si``."""
+        step: Any = self.trace.steps[si]
+        n = len(step.flops)
+        layers = step.layers if step.layers is not None else np.zeros(n, dtype=np.int64)
+        return self._step_block[si] + np.concatenate(([0], np.cumsum(np.diff(layers) != 0)))
 
     def _dp(self, cost_: np.ndarray, switch_j: float) -> np.ndarray:
         n, L = cost_.shape
@@ -313,6 +339,18 @@ class Oracle:
         self._rel_at = [r[0] for r in self._rel]
         self._anchor_ns: dict[Any, float] | None = None
 
+    def _kernel_starts(self, si: int) -> np.ndarray:
+        """Predicted start (after its host gap) of every kernel of graph step ``si``
+        under the current schedule, on the oracle's clock."""
+        step: Any = self.trace.steps[si]
+        p = self._profile
+        hz = np.asarray(self.levels, dtype=np.float64)[self.schedule[self._kernel_blocks(si)]]
+        k_ns = np.empty(len(step.flops))
+        for h in np.unique(hz):
+            m = hz == h
+            k_ns[m] = p.kernel_ns_array(step.flops[m], step.bytes_[m], int(h), self._share)
+        return float(self._step_ns[si]) + np.cumsum(step.gaps_ns + k_ns) - k_ns
+
     def _anchors(self) -> dict[Any, float]:
         """The predicted start of every event replay anchors the schedule on: each
         graph's DECODE_BEGIN (its submit stall), SAMPLE_BEGIN (its sample stall) and
@@ -321,28 +359,14 @@ class Oracle:
         if self._anchor_ns is not None:
             return self._anchor_ns
         out: dict[Any, float] = {}
-        sched = self.schedule
-        levels = self.levels
-        dev = self._factory()
-        p = dev.profile
-        share = 1.0 - float(getattr(dev, "background_share", 0.0))
         for si, step in enumerate(self.trace.steps):
-            b0 = self._step_block[si]
             t0 = float(self._step_ns[si])
             if not hasattr(step, "flops"):
                 key = {"submit": "begin", "sample": "end"}.get(step.kind)
                 if key is not None and step.graph >= 0:
                     out.setdefault((key, step.graph), t0)
                 continue
-            n = len(step.flops)
-            layers = step.layers if step.layers is not None else np.zeros(n, dtype=np.int64)
-            blk = b0 + np.concatenate(([0], np.cumsum(np.diff(layers) != 0)))
-            hz = np.asarray(levels, dtype=np.float64)[sched[blk]]
-            k_ns = np.empty(n)
-            for h in np.unique(hz):
-                m = hz == h
-                k_ns[m] = p.kernel_ns_array(step.flops[m], step.bytes_[m], int(h), share)
-            start = t0 + np.cumsum(step.gaps_ns + k_ns) - k_ns
+            start = self._kernel_starts(si)
             nodes = step.node_ids.tolist()
             for j, (node, t) in enumerate(zip(nodes, start.tolist(), strict=True)):
                 if self._timed or j == 0:
