@@ -17,6 +17,12 @@ enqueue/submission gaps (``SimProfile.host_gaps_ns``), and the per-token CPU wor
 (submit and sample stalls) is scaled by the profile's CPU-speed factor. Idle stalls
 (between requests) are kept as recorded.
 
+Offline controllers are figured here too: ``static_levels``/``phase_split`` for the
+hindsight baselines, ``scheduled_energy`` for the oracle's schedule (a ``Schedule``
+re-anchored as the run drifts from the oracle's block model, as its replay re-anchors
+on events). ``turboinfer bench`` and ``sweep`` report those figures instead of a
+per-kernel replay; the tests compare the two (within 0.5%).
+
 Every figure is simulated.
 """
 
