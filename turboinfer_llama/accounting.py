@@ -17,6 +17,12 @@ enqueue/submission gaps (``SimProfile.host_gaps_ns``), and the per-token CPU wor
 (submit and sample stalls) is scaled by the profile's CPU-speed factor. Idle stalls
 (between requests) are kept as recorded.
 
+Offline controllers are figured here too: ``static_levels``/``phase_split`` for the
+hindsight baselines, ``scheduled_energy`` for the oracle's schedule (a ``Schedule``
+re-anchored as the run drifts from the oracle's block model, as its replay re-anchors
+on events). ``turboinfer bench`` and ``sweep`` report those figures instead of a
+per-kernel replay; the tests compare the two (within 0.5%).
+
 Every figure is simulated.
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -40,11 +47,13 @@ from .engine.segments import Segment
 __all__ = [
     "Account",
     "PhoneTrace",
+    "Schedule",
     "Switches",
     "applied_energy",
     "default_shadow",
     "phase_split",
     "phone_segments",
+    "scheduled_energy",
     "static_levels",
 ]
 
@@ -149,6 +158,7 @@ class _Graph:
     gaps_ns: np.ndarray
     first_kernel: int  # global index of its first kernel
     node_ids: np.ndarray
+    layers: np.ndarray | None = None  # each kernel's layer (-1: none); ``build`` only
 
 
 @dataclass
@@ -157,6 +167,7 @@ class _Stall:
     kind: str
     phase: str
     token_request: int  # >= 0: a token of that request is produced at the stall's end
+    graph: int = -1  # the graph a submit stall precedes, a sample stall follows
 
 
 @dataclass
@@ -221,19 +232,20 @@ class PhoneTrace:
                 seg_step[i - 1] = len(steps)
                 if kind is StallKind.IDLE:
                     request = -1
-                    steps.append(_Stall(int(s.dur_ns), kind.value, s.phase, -1))
+                    steps.append(_Stall(int(s.dur_ns), kind.value, s.phase, -1, s.graph))
                     continue
                 dur = profile.scale_host_ns(s.dur_ns) if host_model else int(s.dur_ns)
                 tok = -1
                 if kind is StallKind.SAMPLE and request >= 0:
                     tok = request
                     tokens += 1
-                steps.append(_Stall(dur, kind.value, s.phase, tok))
+                steps.append(_Stall(dur, kind.value, s.phase, tok, s.graph))
                 continue
             graph, phase = s.graph, s.phase
             flops: list[float] = []
             bytes_: list[float] = []
             nodes: list[int] = []
+            layers: list[int] = []
             own_gaps: list[int] = []
             while i < n and (
                 (segs[i].kind == "kernel" and segs[i].graph == graph)
@@ -270,6 +282,7 @@ class PhoneTrace:
                 flops.append(work[0])
                 bytes_.append(work[1])
                 nodes.append(k.node)
+                layers.append(k.layer)
                 if not host_model:
                     own_gaps.append(pending_gap + (0 if k.timed else profile.host_submission_ns))
                     pending_gap = 0
@@ -288,6 +301,7 @@ class PhoneTrace:
                     else np.asarray(own_gaps, dtype=np.int64),
                     n_kernels,
                     np.asarray(nodes, dtype=np.int64),
+                    np.asarray(layers, dtype=np.int64),
                 )
             )
             n_kernels += len(flops)
@@ -354,6 +368,19 @@ class PhoneTrace:
         )
 
     @classmethod
+    def shared(cls, segments: Sequence[Segment], profile: SimProfile) -> PhoneTrace:
+        """``build(segments, profile, host_model=False)``, built once for the last
+        (segments, profile) asked for: the benchmark's default run and its offline
+        controllers all account the same phone segments. The cache holds the
+        segments list itself and matches it by identity (do not modify it after)."""
+        global _SHARED
+        if _SHARED is not None and _SHARED[0] is segments and _SHARED[1] == profile:
+            return _SHARED[2]
+        trace = cls.build(segments, profile, host_model=False)
+        _SHARED = (segments, profile, trace)
+        return trace
+
+    @classmethod
     def empty(cls, profile: SimProfile) -> PhoneTrace:
         """A trace to fill incrementally, as a live loop finishes graphs and stalls."""
         return cls(profile.name, [], {}, 0, 0, {})
@@ -412,6 +439,9 @@ class PhoneTrace:
             raise KeyError(f"graph {graph} node {node} is not a kernel of this trace") from None
 
 
+_SHARED: tuple[Sequence[Segment], SimProfile, PhoneTrace] | None = None
+
+
 @dataclass(frozen=True)
 class Switches:
     """Frequency switches a controller issued, in issue order. Each is anchored either
@@ -435,6 +465,35 @@ class Switches:
     def at_kernels(cls, kernel: Sequence[int], freq_hz: Sequence[int]) -> Switches:
         k = np.asarray(kernel, dtype=np.int64)
         return cls(np.asarray(freq_hz, dtype=np.int64), np.zeros(len(k), np.int64), k)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Switches planned offline on a predicted clock (``rel_ns``: issue times, 0 = the
+    run's start, ascending) with the predicted start of every step (``step_ns``), as
+    the oracle plans them. The run re-anchors the schedule at each step's start and
+    at each ``anchor_kernel`` (a block start inside a graph) as the host reaches it,
+    as the oracle does on events, so model error does not accumulate: when the anchor
+    comes more than ``tolerance_ns`` off its prediction (relative to the last anchor),
+    the level the schedule has in effect there is issued at once and the later
+    switches move with it. While the device lags the plan (a switch still pending, or
+    a level other than ``kernel_hz`` planned for the kernel at hand) every kernel
+    anchors (``kernel_ns``), as every node ask does in replay: that is when kernels run
+    off their predicted time; in step with the plan the drift cannot change, and the
+    batch runs whole to the next block."""
+
+    rel_ns: np.ndarray
+    freq_hz: np.ndarray
+    step_ns: np.ndarray
+    tolerance_ns: int = 2_000
+    # more anchors inside graphs: a kernel's global index (ascending) and the predicted
+    # time the host reaches it (before its gap)
+    anchor_kernel: np.ndarray | None = None
+    anchor_ns: np.ndarray | None = None
+    # every kernel: the predicted time the host reaches it (before its gap), and the
+    # level planned for it
+    kernel_ns: np.ndarray | None = None
+    kernel_hz: np.ndarray | None = None
 
 
 @dataclass
@@ -483,10 +542,12 @@ def _run(
     dev: SimGpu,
     switches: Switches | None,
     phase_hz: tuple[int, int] | None = None,
+    schedule: Schedule | None = None,
 ) -> Account:
     """Run ``trace`` on ``dev`` applying ``switches``. ``phase_hz`` = (prefill, decode)
     issues the prefill level as each prefill graph's submit begins and the decode
-    level as it ends, as the ``phase`` baseline does."""
+    level as it ends, as the ``phase`` baseline does. ``schedule``: an offline
+    schedule, re-anchored at every step (``Schedule``)."""
     cpu0 = time.process_time()
     t_start = dev.now_ns()
     e0 = dev.energy_j
@@ -522,15 +583,109 @@ def _run(
     timed.sort()
     q = 0  # next timed instant
 
+    # the offline schedule: issue times relative to t_start + offset
+    rel: list[float] = schedule.rel_ns.tolist() if schedule is not None else []
+    rel_hz: list[int] = schedule.freq_hz.tolist() if schedule is not None else []
+    n_rel = len(rel)
+    r = 0  # next schedule switch
+    offset = 0.0
+    if n_rel:
+        r = bisect.bisect_right(rel, 0.0)
+        dev.set_hz(rel_hz[max(r - 1, 0)])  # in effect at the start: the last wins
+
     def fire_due() -> None:
-        nonlocal q
+        nonlocal q, r
         now = dev.now_ns()
-        while q < len(timed) and timed[q][0] <= now:
-            dev.set_hz(timed[q][2])
-            q += 1
+        while True:  # both queues, earliest first
+            t_q = timed[q][0] if q < len(timed) else math.inf
+            t_r = int(t_start + offset + rel[r]) if r < n_rel else math.inf
+            if min(t_q, t_r) > now:
+                return
+            if t_r < t_q:
+                dev.set_hz(rel_hz[r])
+                r += 1
+            else:
+                dev.set_hz(timed[q][2])
+                q += 1
 
     def next_stop() -> int | None:
-        return timed[q][0] if q < len(timed) else None
+        t_q = timed[q][0] if q < len(timed) else None
+        if r >= n_rel:
+            return t_q
+        t_r = int(t_start + offset + rel[r])
+        return t_r if t_q is None else min(t_q, t_r)
+
+    # kernel anchors (a block start inside a graph): global index -> predicted time
+    sk_kernel = (
+        schedule.anchor_kernel
+        if schedule is not None and schedule.anchor_kernel is not None
+        else np.zeros(0, dtype=np.int64)
+    )
+    sk_n = len(sk_kernel)
+    sk_list: list[int] = sk_kernel.tolist()
+    sk_pred_list: list[float] = (
+        schedule.anchor_ns.tolist()
+        if sk_n and schedule is not None and schedule.anchor_ns is not None
+        else [0.0] * sk_n
+    )
+
+    kns: np.ndarray | None = None
+    khz: list[int] = []
+    if schedule is not None and schedule.kernel_ns is not None and schedule.kernel_hz is not None:
+        kns = schedule.kernel_ns
+        khz = schedule.kernel_hz.tolist()
+
+    def lagging(k: int) -> bool:
+        """The device is not at the level planned for kernel ``k`` (or will change)."""
+        return getattr(dev, "next_switch", None) is not None or dev.current_hz() != khz[k]
+
+    def drift_end(lo: int, i: int, cut: int, f: np.ndarray, b: np.ndarray, g: np.ndarray) -> int:
+        """Off the plan, kernels run off their predicted time: the first kernel in
+        ``(i, cut)`` at which the drift has moved past the tolerance (where replay, at
+        that node's ask, re-anchors), assuming the level in effect holds; else ``cut``."""
+        assert kns is not None and schedule is not None
+        if cut - i <= 1:
+            return cut
+        share = 1.0 - float(getattr(dev, "background_share", 0.0))
+        hz = dev.current_hz()
+        nxt = getattr(dev, "next_switch", None)
+        if nxt is not None and nxt[0] <= dev.now_ns():
+            hz = nxt[1]  # due now: lands as the batch starts
+        dur = np.rint(dev.profile.kernel_ns_array(f[i:cut], b[i:cut], hz, share))
+        reach = dev.now_ns() + np.cumsum(g[i : cut - 1] + dur[:-1])  # host reaches i+1..
+        off = reach - t_start - kns[lo + i + 1 : lo + cut]
+        over = np.abs(off - offset) > schedule.tolerance_ns
+        return i + 1 + int(np.argmax(over)) if bool(over.any()) else cut
+
+    def stop_at() -> int | None:
+        """The next switch instant, or a pending level change landing (off the plan)."""
+        stop = next_stop()
+        nxt = getattr(dev, "next_switch", None)
+        land = nxt[0] if nxt is not None else None
+        if (
+            kns is not None
+            and land is not None
+            and land > dev.now_ns()
+            and (stop is None or land < stop)
+        ):
+            return int(land)
+        return stop
+
+    def anchor(si: int) -> None:
+        assert schedule is not None
+        reanchor(float(schedule.step_ns[si]))
+
+    def reanchor(pred_ns: float) -> None:
+        """The anchor predicted at ``pred_ns`` (on the schedule's clock) is now."""
+        nonlocal r, offset
+        assert schedule is not None
+        now = dev.now_ns()
+        off = now - t_start - pred_ns
+        if abs(off - offset) <= schedule.tolerance_ns:
+            return
+        offset = off
+        r = bisect.bisect_right(rel, now - t_start - offset)
+        dev.set_hz(rel_hz[max(r - 1, 0)])
 
     begin_ns: dict[int, int] = {}
     token_ns: dict[int, list[int]] = {}
@@ -542,6 +697,8 @@ def _run(
             token_ns.setdefault(req, [])
         for at, j, hz in by_step.get(si, ()):
             bisect.insort(timed, (dev.now_ns() + at, j, hz), lo=q)
+        if n_rel and si:
+            anchor(si)
         fire_due()
         if isinstance(step, _Stall):
             if phase_hz is not None and step.kind == "submit" and step.phase == "prefill":
@@ -567,21 +724,37 @@ def _run(
         lo = step.first_kernel
         a0 = int(np.searchsorted(anchors, lo))
         a1 = int(np.searchsorted(anchors, lo + n))
+        cuts = [int(k) - lo for k in anchors[a0:a1]]
+        if sk_n:  # the schedule's anchors inside this graph: re-anchor as each is reached
+            s0 = bisect.bisect_left(sk_list, lo)
+            s1 = bisect.bisect_left(sk_list, lo + n)
+            if s1 > s0:
+                cuts = sorted({*cuts, *(k - lo for k in sk_list[s0:s1])})
         i = 0
-        for cut in [*(int(k) - lo for k in anchors[a0:a1]), n]:
+        for cut in [*cuts, n]:
             while i < cut:
+                # off the plan: up to where the drift moves (re-anchor there)
+                end = drift_end(lo, i, cut, f, b, g) if kns is not None and lagging(lo + i) else cut
                 res = dev.run_batch(
-                    f[i:cut], b[i:cut], g[i:cut], phase=step.phase, stop_at_ns=next_stop()
+                    f[i:end], b[i:end], g[i:end], phase=step.phase, stop_at_ns=stop_at()
                 )
                 i += res.n_done
-                if i < cut and (res.gap_left_ns != g[i] or res.work_left != 1.0):
+                if i < end and (res.gap_left_ns != g[i] or res.work_left != 1.0):
                     f, b, g = f.copy(), b.copy(), g.copy()
                     g[i] = res.gap_left_ns
                     f[i] *= res.work_left
                     b[i] *= res.work_left
                 fire_due()
+                if kns is not None and i == end < cut:
+                    reanchor(kns[lo + i])
+                    fire_due()
             if cut < n:
-                for hz in by_kernel[lo + cut]:
+                if sk_n:
+                    j = bisect.bisect_left(sk_list, lo + cut)
+                    if j < sk_n and sk_list[j] == lo + cut:
+                        reanchor(sk_pred_list[j])
+                        fire_due()
+                for hz in by_kernel.get(lo + cut, ()):
                     dev.set_hz(hz)
         if phase_hz is not None and step.phase == "prefill":
             dev.set_hz(phase_hz[1])
@@ -637,6 +810,20 @@ def default_shadow(
     saving and latency change is measured against)."""
     dev = _device(profile, "default", background_share, background)
     return _run(trace, dev, None)
+
+
+def scheduled_energy(
+    trace: PhoneTrace,
+    profile: SimProfile | SimGpu,
+    schedule: Schedule,
+    *,
+    background_share: float = 0.0,
+    background: Sequence[tuple[int, float]] = (),
+) -> Account:
+    """An offline schedule (the oracle's) played on the simulated device, re-anchored
+    at every step (``Schedule``)."""
+    dev = _device(profile, None, background_share, background)
+    return _run(trace, dev, None, schedule=schedule)
 
 
 def static_levels(

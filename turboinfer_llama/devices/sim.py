@@ -11,6 +11,7 @@ the source or assumption behind each parameter.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -305,6 +306,10 @@ class BatchResult(NamedTuple):
     end_ns: np.ndarray
     gap_left_ns: int
     work_left: float
+
+
+def _landing(q: tuple[int, int]) -> int:
+    return q[0]
 
 
 _CHUNK_MIN = 128  # kernels timed per vectorised step; grows while no event cuts it
@@ -778,6 +783,12 @@ class SimGpu:
         the executor's log afterwards (simulated)."""
         return RecordActuator()
 
+    @property
+    def next_switch(self) -> tuple[int, int] | None:
+        """The next requested level change not landed yet (switch latency, minimum
+        dwell): (virtual ns it lands, Hz); None when none is pending."""
+        return self._pending[0] if self._pending else None
+
     def kernel_ns(self, flops: float, bytes_: float, hz: int | None = None) -> float:
         """Predicted kernel time at ``hz`` (default: now) under the current contention."""
         return self.profile.kernel_ns(flops, bytes_, hz or self._hz, self._bw_share)
@@ -827,8 +838,8 @@ class SimGpu:
             last = self._pending[-1][0] if self._pending else self._last_switch_ns
             if last is not None:
                 at = max(at, last + dwell)
-        self._pending.append((at, hz))
-        self._pending.sort(key=lambda q: q[0])
+        # stable by landing time (a queue of switches waiting out the dwell can be long)
+        bisect.insort(self._pending, (at, hz), key=_landing)
         if at <= self._t:
             self._fire_due()
 

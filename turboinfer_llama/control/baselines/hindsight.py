@@ -49,7 +49,7 @@ class _Hindsight:
         self._factory = device_factory
         # the segments are the ones replay runs (host model already applied); every
         # figure on a fresh device from the factory (its background load included)
-        self.trace = PhoneTrace.build(segments, self.profile, host_model=False)
+        self.trace = PhoneTrace.shared(segments, self.profile)
         self.reference = default_shadow(self.trace, dev)
         self.by_level = {
             hz: applied_energy(self.trace, device_factory(), Switches.at_times([0], [hz]))
@@ -59,6 +59,11 @@ class _Hindsight:
 
     def _choose(self) -> None:
         """Pick the schedule from ``by_level`` and ``reference`` (subclasses)."""
+        raise NotImplementedError
+
+    def account(self, device: Any = None) -> Account:
+        """The chosen schedule's figures (simulated, by the arrays-based accounting):
+        those found while choosing, or run again on ``device`` when one is given."""
         raise NotImplementedError
 
 
@@ -71,6 +76,11 @@ class StaticBest(_Hindsight):
         ok = [hz for hz, a in self.by_level.items() if all(_within(a, self.reference, self.slack))]
         self.freq_hz = min(ok, key=lambda hz: self.by_level[hz].energy_j) if ok else self.levels[-1]
         self._set = False
+
+    def account(self, device: Any = None) -> Account:
+        if device is None:
+            return self.by_level[self.freq_hz]
+        return applied_energy(self.trace, device, Switches.at_times([0], [self.freq_hz]))
 
     def on_event(self, event: Event) -> Decision | None:
         if self._set:
@@ -103,7 +113,12 @@ class PhaseSplit(_Hindsight):
             if not tpot_ok and d < top:
                 d += 1
         self.prefill_hz, self.decode_hz = self.levels[p], self.levels[d]
-        self.account = acc
+        self._account = acc
+
+    def account(self, device: Any = None) -> Account:
+        if device is None:
+            return self._account
+        return phase_split(self.trace, device, self.prefill_hz, self.decode_hz)
 
     def on_event(self, event: Event) -> Decision | None:
         if event.kind is EventKind.PREFILL_BEGIN:
