@@ -151,6 +151,9 @@ class SimulatedAccount:
     def on_decode_begin(self, graph: int) -> None:
         self.loop.on_decode_begin(graph)
 
+    def entering_decode(self) -> None:
+        self.loop.entering_decode()
+
     def graph_end(self) -> None:
         self.loop.graph_end()
 
@@ -466,6 +469,9 @@ class RealDeviceControl:
 
     def on_decode_begin(self, graph: int) -> None:
         self.governor.on_decode_begin(graph)
+
+    def entering_decode(self) -> None:
+        self.governor.entering_decode()
 
     def graph_end(self) -> None:
         self.governor.graph_end()

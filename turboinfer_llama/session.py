@@ -218,6 +218,13 @@ class PowerSession:
         ev = self.emit(EventKind.DECODE_BEGIN, graph=self._graph, n_tokens=n_tokens)
         self._decode_begin = (ev.t_ns, n_tokens)
 
+    def entering_decode(self) -> None:
+        """Right before each ``llama_decode`` call (after llama-cpp-python's own
+        ctypes calls that precede it): the planner runs while the engine is inside."""
+        loop = self._loop
+        if loop is not None:
+            loop.entering_decode()
+
     def on_decode_end(self) -> None:
         if self._hook is None:
             return

@@ -57,6 +57,14 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
+    # The planner waits for the engine thread to re-enter llama_decode, or to sit idle
+    # outside Python (``_hold_for_engine``): checked every PLAN_POLL_S, idle meaning it
+    # used under ENGINE_IDLE_CPU of that time; never longer than PLAN_HOLD_MAX_NS
+    # after the graph's end.
+    PLAN_POLL_S = 0.0005
+    ENGINE_IDLE_CPU = 0.3
+    PLAN_HOLD_MAX_NS = 50_000_000
+
     def __init__(
         self,
         controller: Controller,
@@ -125,6 +133,10 @@ class Governor:
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
+        # set while the engine thread is inside llama_decode (the GIL is free)
+        self._in_decode = threading.Event()
+        self._engine_thread: int | None = None  # the thread that last ran a graph
+        self._engine_cpu_clock: int | None = None  # its CPU-time clock
         top = len(self.levels_hz) - 1
         self._cap_level = top  # thermal cap, as a level (see _check_cap)
         self._last_plan: Plan | None = None
@@ -244,6 +256,11 @@ class Governor:
                 self._check_cap(ex)
             ex.graph_begin(graph)
 
+    def entering_decode(self) -> None:
+        """The engine thread calls ``llama_decode`` now (it leaves Python, the GIL is
+        free until it returns): the planner may run (``_hold_for_engine``)."""
+        self._in_decode.set()
+
     def _check_cap(self, ex: LiveExecutor) -> None:
         """A cap written into the device's own max (a thermal daemon) while the native
         executor, not the backend, does the writing: read it before each graph (one
@@ -268,6 +285,13 @@ class Governor:
 
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
+        self._in_decode.clear()  # back in Python: sampling, detokenising, streaming
+        if self._engine_thread != threading.get_ident():
+            self._engine_thread = threading.get_ident()
+            try:
+                self._engine_cpu_clock = time.pthread_getcpuclockid(self._engine_thread)
+            except (OSError, AttributeError):  # no per-thread CPU clock: plan at once
+                self._engine_cpu_clock = None
         ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
@@ -282,6 +306,9 @@ class Governor:
         if self._worker is not None and raw is not None and len(raw):
             self._idle.clear()
             self._work_q.put((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+        elif ex.error() is not None:  # no planner run to notice a failed executor
+            with self._lock:
+                self._collect_log()
 
     def wait_idle(self, timeout_s: float = 5.0) -> bool:
         """Wait until the worker has planned every queued graph (tests, accounting)."""
@@ -295,6 +322,7 @@ class Governor:
             if item is None or self._stop.is_set():
                 self._idle.set()
                 return
+            self._hold_for_engine(item[4])
             try:
                 self._plan_graph(*item)
             except Exception as e:  # the worker must survive; generation goes on
@@ -303,6 +331,37 @@ class Governor:
                     self.error = f"planner: {type(e).__name__}: {e}"
             if self._work_q.empty():
                 self._idle.set()
+
+    def _hold_for_engine(self, t_end_ns: int) -> None:
+        """Wait, GIL released, until the engine thread is back inside ``llama_decode``
+        or idle outside Python (its CPU clock nearly still), and at most
+        ``PLAN_HOLD_MAX_NS`` after the graph's end.
+
+        Between two decodes the engine thread runs Python (sampling, detokenising, a
+        server's streaming). The planner's ~2.5 ms of Python there would take the GIL
+        from it at each of llama-cpp-python's ctypes calls and delay the next token by
+        about the planner's whole CPU time (issue 11.9; issue 14's TTFT and tokens/s:
+        a prefill graph's plan landed between the prompt and the first token). Inside
+        ``llama_decode`` the GIL is free and the planner runs beside the engine. A stall
+        where the engine waits outside Python (a phone's GPU sync in sampling, the
+        pause between requests) still gets its plan solved in it. A plan that arrives
+        after its graph began is late as before: the executor keeps going without it,
+        and replay models the same delay (``plan_delay_ns``)."""
+        in_decode = self._in_decode
+        clock = self._engine_cpu_clock
+        if in_decode.is_set() or clock is None:
+            return
+        try:
+            cpu0, t0 = time.clock_gettime_ns(clock), now_ns()
+            while not self._stop.is_set() and not in_decode.wait(self.PLAN_POLL_S):
+                cpu, t = time.clock_gettime_ns(clock), now_ns()
+                if cpu - cpu0 < self.ENGINE_IDLE_CPU * (t - t0):
+                    return  # blocked outside Python: a sleep, a GPU wait, no request
+                if t - t_end_ns >= self.PLAN_HOLD_MAX_NS:
+                    return
+                cpu0, t0 = cpu, t
+        except OSError:  # the engine thread is gone
+            return
 
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
         start = time.perf_counter_ns()
@@ -417,13 +476,18 @@ class Governor:
 
     def _apply_due(self, now: int) -> None:
         ex = self.executor
+        switched = False
         while self._queue and self._queue[0][0] <= now and not self.failed:
             _, _, d = self._queue.pop(0)
             if ex is None:
                 return
             level = bisect.bisect_left(self.levels_hz, d.freq_hz)
             ex.switch_now(min(level, len(self.levels_hz) - 1, self._cap_level))
-        if ex is not None and ex.error() is not None and not self.failed:
+            switched = True
+        # the executor's health is read after a switch here, and once per graph at its
+        # end (``on_decode_end``), never per event: each read is a native call, and on
+        # the engine thread every native call hands the GIL to whichever thread wants it
+        if switched and ex is not None and ex.error() is not None and not self.failed:
             self._collect_log()
 
     def _timer_loop(self) -> None:
