@@ -57,10 +57,10 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
-    # The planner waits for the engine thread to re-enter llama_decode, or to sit idle
-    # outside Python (``_hold_for_engine``): checked every PLAN_POLL_S, idle meaning it
-    # used under ENGINE_IDLE_CPU of that time; never longer than PLAN_HOLD_MAX_NS
-    # after the graph's end.
+    # The planner waits for the engine thread to re-enter llama_decode, or for the
+    # process to idle (``_hold_for_engine``): checked every PLAN_POLL_S, idle meaning
+    # all its threads used under ENGINE_IDLE_CPU of one core over that time; never
+    # longer than PLAN_HOLD_MAX_NS after the graph's end.
     PLAN_POLL_S = 0.0005
     ENGINE_IDLE_CPU = 0.3
     PLAN_HOLD_MAX_NS = 50_000_000
@@ -135,8 +135,6 @@ class Governor:
         self._idle.set()
         # set while the engine thread is inside llama_decode (the GIL is free)
         self._in_decode = threading.Event()
-        self._engine_thread: int | None = None  # the thread that last ran a graph
-        self._engine_cpu_clock: int | None = None  # its CPU-time clock
         top = len(self.levels_hz) - 1
         self._cap_level = top  # thermal cap, as a level (see _check_cap)
         self._last_plan: Plan | None = None
@@ -286,12 +284,6 @@ class Governor:
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
         self._in_decode.clear()  # back in Python: sampling, detokenising, streaming
-        if self._engine_thread != threading.get_ident():
-            self._engine_thread = threading.get_ident()
-            try:
-                self._engine_cpu_clock = time.pthread_getcpuclockid(self._engine_thread)
-            except (OSError, AttributeError):  # no per-thread CPU clock: plan at once
-                self._engine_cpu_clock = None
         ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
@@ -334,12 +326,13 @@ class Governor:
 
     def _hold_for_engine(self, t_end_ns: int) -> None:
         """Wait, GIL released, until the engine thread is back inside ``llama_decode``
-        or idle outside Python (its CPU clock nearly still), and at most
-        ``PLAN_HOLD_MAX_NS`` after the graph's end.
+        or the process idles (its CPU clock nearly still: no thread runs Python), and
+        at most ``PLAN_HOLD_MAX_NS`` after the graph's end.
 
-        Between two decodes the engine thread runs Python (sampling, detokenising, a
-        server's streaming). The planner's ~2.5 ms of Python there would take the GIL
-        from it at each of llama-cpp-python's ctypes calls and delay the next token by
+        Between two decodes the engine thread runs Python (sampling, detokenising; in a
+        server, the event loop streams the token and the next one may be decoded on
+        another worker thread). The planner's ~2.5 ms of Python there would take the
+        GIL at each of llama-cpp-python's ctypes calls and delay the next token by
         about the planner's whole CPU time (issue 11.9; issue 14's TTFT and tokens/s:
         a prefill graph's plan landed between the prompt and the first token). Inside
         ``llama_decode`` the GIL is free and the planner runs beside the engine. A stall
@@ -348,20 +341,16 @@ class Governor:
         after its graph began is late as before: the executor keeps going without it,
         and replay models the same delay (``plan_delay_ns``)."""
         in_decode = self._in_decode
-        clock = self._engine_cpu_clock
-        if in_decode.is_set() or clock is None:
+        if in_decode.is_set():
             return
-        try:
-            cpu0, t0 = time.clock_gettime_ns(clock), now_ns()
-            while not self._stop.is_set() and not in_decode.wait(self.PLAN_POLL_S):
-                cpu, t = time.clock_gettime_ns(clock), now_ns()
-                if cpu - cpu0 < self.ENGINE_IDLE_CPU * (t - t0):
-                    return  # blocked outside Python: a sleep, a GPU wait, no request
-                if t - t_end_ns >= self.PLAN_HOLD_MAX_NS:
-                    return
-                cpu0, t0 = cpu, t
-        except OSError:  # the engine thread is gone
-            return
+        cpu0, t0 = time.process_time_ns(), now_ns()
+        while not self._stop.is_set() and not in_decode.wait(self.PLAN_POLL_S):
+            cpu, t = time.process_time_ns(), now_ns()
+            if cpu - cpu0 < self.ENGINE_IDLE_CPU * (t - t0):
+                return  # the process waits outside Python: a sleep, a GPU sync, no request
+            if t - t_end_ns >= self.PLAN_HOLD_MAX_NS:
+                return
+            cpu0, t0 = cpu, t
 
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
         start = time.perf_counter_ns()
