@@ -154,6 +154,9 @@ class SimulatedAccount:
     def entering_decode(self) -> None:
         self.loop.entering_decode()
 
+    def engine_idle(self) -> None:
+        self.loop.engine_idle()
+
     def graph_end(self) -> None:
         self.loop.graph_end()
 
@@ -472,6 +475,9 @@ class RealDeviceControl:
 
     def entering_decode(self) -> None:
         self.governor.entering_decode()
+
+    def engine_idle(self) -> None:
+        self.governor.engine_idle()
 
     def graph_end(self) -> None:
         self.governor.graph_end()

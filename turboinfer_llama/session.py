@@ -262,6 +262,8 @@ class PowerSession:
         self._activity.set()
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
+        if self._loop is not None:
+            self._loop.engine_idle()  # the planner may take the GIL now
         self._wake.set()
 
     # -- the worker ----------------------------------------------------------------

@@ -57,12 +57,9 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
-    # The planner waits for the engine thread to re-enter llama_decode, or for the
-    # process to idle (``_hold_for_engine``): checked every PLAN_POLL_S, idle meaning
-    # all its threads used under ENGINE_IDLE_CPU of one core over that time; never
-    # longer than PLAN_HOLD_MAX_NS after the graph's end.
-    PLAN_POLL_S = 0.0005
-    ENGINE_IDLE_CPU = 0.3
+    # The planner waits for the engine thread to re-enter llama_decode or end its
+    # request (``_hold_for_engine``), at most this long after a graph's end (an engine
+    # driven by hand, eval() without generate(), may stop anywhere).
     PLAN_HOLD_MAX_NS = 50_000_000
 
     def __init__(
@@ -133,8 +130,12 @@ class Governor:
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
-        # set while the engine thread is inside llama_decode (the GIL is free)
-        self._in_decode = threading.Event()
+        # set while the engine thread needs no GIL: inside llama_decode, or after its
+        # request ended; cleared when a decode returns
+        self._engine_away = threading.Event()
+        # how each planner hold ended: the next decode had begun already, the engine
+        # entered llama_decode (or ended its request) meanwhile, PLAN_HOLD_MAX_NS
+        self.plan_holds: Counter[str] = Counter(in_decode=0, engine=0, max=0)
         top = len(self.levels_hz) - 1
         self._cap_level = top  # thermal cap, as a level (see _check_cap)
         self._last_plan: Plan | None = None
@@ -184,6 +185,7 @@ class Governor:
         switch can land after the restore: the executor is joined first."""
         self._stop.set()
         self._wake.set()
+        self._engine_away.set()  # a planner hold ends at once
         self._work_q.put(None)
         if self.executor is not None:
             self.executor.stop()
@@ -257,7 +259,11 @@ class Governor:
     def entering_decode(self) -> None:
         """The engine thread calls ``llama_decode`` now (it leaves Python, the GIL is
         free until it returns): the planner may run (``_hold_for_engine``)."""
-        self._in_decode.set()
+        self._engine_away.set()
+
+    def engine_idle(self) -> None:
+        """The engine's request ended: it needs no GIL until the next one."""
+        self._engine_away.set()
 
     def _check_cap(self, ex: LiveExecutor) -> None:
         """A cap written into the device's own max (a thermal daemon) while the native
@@ -283,7 +289,7 @@ class Governor:
 
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
-        self._in_decode.clear()  # back in Python: sampling, detokenising, streaming
+        self._engine_away.clear()  # back in Python: sampling, detokenising, streaming
         ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
@@ -326,31 +332,29 @@ class Governor:
 
     def _hold_for_engine(self, t_end_ns: int) -> None:
         """Wait, GIL released, until the engine thread is back inside ``llama_decode``
-        or the process idles (its CPU clock nearly still: no thread runs Python), and
-        at most ``PLAN_HOLD_MAX_NS`` after the graph's end.
+        (or done: the request ended), at most ``PLAN_HOLD_MAX_NS`` after the graph's end.
 
         Between two decodes the engine thread runs Python (sampling, detokenising; in a
         server, the event loop streams the token and the next one may be decoded on
-        another worker thread). The planner's ~2.5 ms of Python there would take the
-        GIL at each of llama-cpp-python's ctypes calls and delay the next token by
-        about the planner's whole CPU time (issue 11.9; issue 14's TTFT and tokens/s:
-        a prefill graph's plan landed between the prompt and the first token). Inside
-        ``llama_decode`` the GIL is free and the planner runs beside the engine. A stall
-        where the engine waits outside Python (a phone's GPU sync in sampling, the
-        pause between requests) still gets its plan solved in it. A plan that arrives
-        after its graph began is late as before: the executor keeps going without it,
-        and replay models the same delay (``plan_delay_ns``)."""
-        in_decode = self._in_decode
-        if in_decode.is_set():
+        another worker thread). The planner's ~2.5 ms of Python there took the GIL at
+        each of llama-cpp-python's ctypes calls and delayed the next token by about the
+        planner's whole CPU time (issue 11.9; issue 14's TTFT and tokens/s: a prefill
+        graph's plan landed between the prompt and the first token). Inside
+        ``llama_decode`` the GIL is free (with the eval hook installed llama.cpp
+        computes the graph synchronously there, also on a GPU) and the planner runs
+        beside the engine, on another core. So a graph's plan is set while the next
+        graph runs: a late plan, which the executor keeps for the graph after it (the
+        plan is for "the next graph"); replay models the same delay from
+        ``plan_delay_ns``. Polling for an idle engine instead would cost a GIL hand-off
+        per poll, and on a busy host each hand-off waits for the scheduler."""
+        if self._engine_away.is_set():
+            self.plan_holds["in_decode"] += 1
             return
-        cpu0, t0 = time.process_time_ns(), now_ns()
-        while not self._stop.is_set() and not in_decode.wait(self.PLAN_POLL_S):
-            cpu, t = time.process_time_ns(), now_ns()
-            if cpu - cpu0 < self.ENGINE_IDLE_CPU * (t - t0):
-                return  # the process waits outside Python: a sleep, a GPU sync, no request
-            if t - t_end_ns >= self.PLAN_HOLD_MAX_NS:
-                return
-            cpu0, t0 = cpu, t
+        left_ns = self.PLAN_HOLD_MAX_NS - (now_ns() - t_end_ns)
+        if left_ns > 0 and self._engine_away.wait(left_ns / 1e9):
+            self.plan_holds["engine"] += 1
+        else:
+            self.plan_holds["max"] += 1
 
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
         start = time.perf_counter_ns()
@@ -537,6 +541,7 @@ class Governor:
             "graph_plan_us_median": _median_us(self._graph_ns),
             "graph_plan_cpu_us_median": _median_us(self._graph_cpu_ns),
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
+            "plan_holds": dict(self.plan_holds),
         }
 
 
