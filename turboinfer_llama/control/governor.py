@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-import queue
 import statistics
 import threading
 import time
@@ -57,10 +56,13 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
-    # The planner waits for the engine thread to re-enter llama_decode or end its
-    # request (``_hold_for_engine``), at most this long after a graph's end (an engine
-    # driven by hand, eval() without generate(), may stop anywhere).
-    PLAN_HOLD_MAX_NS = 50_000_000
+    # The planner plans while the engine is inside llama_decode (``_work``); False:
+    # at once after each graph's end, in the engine's Python between decodes.
+    HOLD_FOR_ENGINE = True
+    # ... except where the planner's CPU per graph is at most this fraction of the
+    # graph period: then its contention in the stall costs at most that much
+    # throughput, and plans come in time
+    EAGER_PLAN_FRACTION = 0.01
 
     def __init__(
         self,
@@ -126,16 +128,27 @@ class Governor:
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
         self._plan_wait_ns: list[int] = []  # from the graph's end until the worker began
         self._costs = NodeCosts()
-        self._work_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # graphs waiting for the planner (appended by the engine thread, which never
+        # wakes the planner at a graph's end: see _work)
+        self._pending_graphs: deque[tuple[Any, int, int, int, int]] = deque()
+        self._go = threading.Event()  # wakes the planner
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
-        # set while the engine thread needs no GIL: inside llama_decode, or after its
-        # request ended; cleared when a decode returns
-        self._engine_away = threading.Event()
-        # how each planner hold ended: the next decode had begun already, the engine
-        # entered llama_decode (or ended its request) meanwhile, PLAN_HOLD_MAX_NS
-        self.plan_holds: Counter[str] = Counter(in_decode=0, engine=0, max=0)
+        # graphs whose planning waited for the engine to leave Python ("held"), or
+        # began at their end (HOLD_FOR_ENGINE False, or stalls with room: "eager")
+        self.plan_holds: Counter[str] = Counter(held=0, eager=0)
+        # The engine's stalls between decodes: how long it spends in them off the CPU
+        # (moving average; a phone's GPU sync or a sleeping logits processor leaves
+        # the GIL free), against the planner's CPU per graph (moving average). Where
+        # the stalls have room for twice the planner's work, graphs are planned at
+        # once in them, in time for the next graph (see _work).
+        self._stall_thread: int | None = None
+        self._stall_t0 = 0
+        self._stall_cpu0 = 0
+        self._stall_idle_ns = 0
+        self._plan_cpu_ns = 0
+        self._period_ns = 0  # graph end to graph end (moving average)
         top = len(self.levels_hz) - 1
         self._cap_level = top  # thermal cap, as a level (see _check_cap)
         self._last_plan: Plan | None = None
@@ -185,8 +198,7 @@ class Governor:
         switch can land after the restore: the executor is joined first."""
         self._stop.set()
         self._wake.set()
-        self._engine_away.set()  # a planner hold ends at once
-        self._work_q.put(None)
+        self._go.set()
         if self.executor is not None:
             self.executor.stop()
         for t in (self._thread, self._worker):
@@ -258,12 +270,24 @@ class Governor:
 
     def entering_decode(self) -> None:
         """The engine thread calls ``llama_decode`` now (it leaves Python, the GIL is
-        free until it returns): the planner may run (``_hold_for_engine``)."""
-        self._engine_away.set()
+        free until it returns): the planner may run (``_work``)."""
+        if self._pending_graphs:
+            self._go.set()
+        if self._stall_thread == threading.get_ident():
+            # the stall just ended: the part of it the engine spent off the CPU (a
+            # sleep, a GPU sync; also time preempted), on the same thread only
+            wall = now_ns() - self._stall_t0
+            idle = wall - (time.thread_time_ns() - self._stall_cpu0)
+            self._stall_idle_ns += (idle - self._stall_idle_ns) // 4
+        self._stall_thread = None
 
     def engine_idle(self) -> None:
         """The engine's request ended: it needs no GIL until the next one."""
-        self._engine_away.set()
+        if self._pending_graphs:
+            self._go.set()
+        # the pause until the next request is neither a stall nor part of a period
+        self._stall_thread = None
+        self._stall_t0 = 0
 
     def _check_cap(self, ex: LiveExecutor) -> None:
         """A cap written into the device's own max (a thermal daemon) while the native
@@ -289,7 +313,12 @@ class Governor:
 
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
-        self._engine_away.clear()  # back in Python: sampling, detokenising, streaming
+        t = now_ns()
+        if self._stall_t0:
+            self._period_ns += (t - self._stall_t0 - self._period_ns) // 4
+        self._stall_thread = threading.get_ident()
+        self._stall_t0 = t
+        self._stall_cpu0 = time.thread_time_ns()
         ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
@@ -303,58 +332,66 @@ class Governor:
             return
         if self._worker is not None and raw is not None and len(raw):
             self._idle.clear()
-            self._work_q.put((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+            self._pending_graphs.append((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+            if (
+                not self.HOLD_FOR_ENGINE
+                or self._stall_idle_ns > 2 * self._plan_cpu_ns
+                or self._plan_cpu_ns <= self.EAGER_PLAN_FRACTION * self._period_ns
+            ):
+                self._go.set()  # planning in the stall costs (next to) nothing: plan now
+                self.plan_holds["eager"] += 1
+            else:
+                self.plan_holds["held"] += 1
         elif ex.error() is not None:  # no planner run to notice a failed executor
             with self._lock:
                 self._collect_log()
 
     def wait_idle(self, timeout_s: float = 5.0) -> bool:
         """Wait until the worker has planned every queued graph (tests, accounting)."""
+        if self._pending_graphs:
+            self._go.set()  # plan now: the caller waits for it, not the engine
         return self._idle.wait(timeout_s)
 
     # ---- worker ----------------------------------------------------------------------
 
     def _work(self) -> None:
-        while True:
-            item = self._work_q.get()
-            if item is None or self._stop.is_set():
-                self._idle.set()
-                return
-            self._hold_for_engine(item[4])
-            try:
-                self._plan_graph(*item)
-            except Exception as e:  # the worker must survive; generation goes on
-                log.exception("turboinfer planner failed on a graph")
-                with self._lock:
-                    self.error = f"planner: {type(e).__name__}: {e}"
-            if self._work_q.empty():
-                self._idle.set()
-
-    def _hold_for_engine(self, t_end_ns: int) -> None:
-        """Wait, GIL released, until the engine thread is back inside ``llama_decode``
-        (or done: the request ended), at most ``PLAN_HOLD_MAX_NS`` after the graph's end.
+        """The planner: woken once per decode, when the engine enters ``llama_decode``
+        (or ends its request), never at a graph's end.
 
         Between two decodes the engine thread runs Python (sampling, detokenising; in a
         server, the event loop streams the token and the next one may be decoded on
-        another worker thread). The planner's ~2.5 ms of Python there took the GIL at
-        each of llama-cpp-python's ctypes calls and delayed the next token by about the
-        planner's whole CPU time (issue 11.9; issue 14's TTFT and tokens/s: a prefill
-        graph's plan landed between the prompt and the first token). Inside
-        ``llama_decode`` the GIL is free (with the eval hook installed llama.cpp
+        another worker thread). Woken at the graph's end, the planner's ~2.5 ms of
+        Python took the GIL at each of llama-cpp-python's ctypes calls there and
+        delayed the next token by about its whole CPU time (issue 11.9; issue 14's
+        TTFT and tokens/s: a prefill graph's plan landed between the prompt and the
+        first token), and the wake-up itself preempted the engine on a busy host.
+        Inside ``llama_decode`` the GIL is free (with the eval hook installed llama.cpp
         computes the graph synchronously there, also on a GPU) and the planner runs
         beside the engine, on another core. So a graph's plan is set while the next
-        graph runs: a late plan, which the executor keeps for the graph after it (the
+        graph runs: a late plan, which the executor keeps for the graph after it (a
         plan is for "the next graph"); replay models the same delay from
-        ``plan_delay_ns``. Polling for an idle engine instead would cost a GIL hand-off
-        per poll, and on a busy host each hand-off waits for the scheduler."""
-        if self._engine_away.is_set():
-            self.plan_holds["in_decode"] += 1
-            return
-        left_ns = self.PLAN_HOLD_MAX_NS - (now_ns() - t_end_ns)
-        if left_ns > 0 and self._engine_away.wait(left_ns / 1e9):
-            self.plan_holds["engine"] += 1
-        else:
-            self.plan_holds["max"] += 1
+        ``plan_delay_ns``. Where the engine's stalls leave the GIL free long enough
+        (it sleeps or waits off the CPU there for over twice the planner's CPU time
+        per graph, moving averages), or where planning is cheap (at most
+        ``EAGER_PLAN_FRACTION`` of the graph period), graphs are planned at once in the
+        stall, in time for the next graph. ``HOLD_FOR_ENGINE = False`` always plans at
+        once."""
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._stop.is_set():
+                self._idle.set()
+                return
+            while self._pending_graphs and not self._stop.is_set():
+                item = self._pending_graphs.popleft()
+                try:
+                    self._plan_graph(*item)
+                except Exception as e:  # the worker must survive; generation goes on
+                    log.exception("turboinfer planner failed on a graph")
+                    with self._lock:
+                        self.error = f"planner: {type(e).__name__}: {e}"
+            if not self._pending_graphs:
+                self._idle.set()
 
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
         start = time.perf_counter_ns()
@@ -407,7 +444,9 @@ class Governor:
                     self.log_cutoff_ns[graph] = t_drain - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
-            self._graph_cpu_ns.append(time.thread_time_ns() - cpu0)
+            cpu = time.thread_time_ns() - cpu0
+            self._graph_cpu_ns.append(cpu)
+            self._plan_cpu_ns += (cpu - self._plan_cpu_ns) // 4
             self._plan_wait_ns.append(start - t1)
             if len(self._graph_ns) > 10_000:
                 for lst in (self._graph_ns, self._graph_cpu_ns, self._plan_wait_ns):
