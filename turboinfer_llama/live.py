@@ -151,8 +151,8 @@ class SimulatedAccount:
     def on_decode_begin(self, graph: int) -> None:
         self.loop.on_decode_begin(graph)
 
-    def entering_decode(self) -> None:
-        self.loop.entering_decode()
+    def entering_decode(self, n_tokens: int) -> None:
+        self.loop.entering_decode(n_tokens)
 
     def engine_idle(self) -> None:
         self.loop.engine_idle()
@@ -473,8 +473,8 @@ class RealDeviceControl:
     def on_decode_begin(self, graph: int) -> None:
         self.governor.on_decode_begin(graph)
 
-    def entering_decode(self) -> None:
-        self.governor.entering_decode()
+    def entering_decode(self, n_tokens: int) -> None:
+        self.governor.entering_decode(n_tokens)
 
     def engine_idle(self) -> None:
         self.governor.engine_idle()

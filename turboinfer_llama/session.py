@@ -223,7 +223,7 @@ class PowerSession:
         ctypes calls that precede it): the planner runs while the engine is inside."""
         loop = self._loop
         if loop is not None:
-            loop.entering_decode()
+            loop.entering_decode(self._decode_begin[1])
 
     def on_decode_end(self) -> None:
         if self._hook is None:
@@ -263,7 +263,7 @@ class PowerSession:
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
         if self._loop is not None:
-            self._loop.engine_idle()  # the planner may take the GIL now
+            self._loop.engine_idle()
         self._wake.set()
 
     # -- the worker ----------------------------------------------------------------

@@ -268,10 +268,13 @@ class Governor:
                 self._check_cap(ex)
             ex.graph_begin(graph)
 
-    def entering_decode(self) -> None:
+    def entering_decode(self, n_tokens: int = 1) -> None:
         """The engine thread calls ``llama_decode`` now (it leaves Python, the GIL is
-        free until it returns): the planner may run (``_work``)."""
-        if self._pending_graphs:
+        free until it returns): the planner may run (``_work``), unless this is a
+        prompt's batch (``n_tokens`` > 1), which llama.cpp computes on
+        ``n_threads_batch`` threads, every core by default: there the planner would
+        take a core from it (issue 14's TTFT). Its graphs wait for the first decode."""
+        if self._pending_graphs and n_tokens <= 1:
             self._go.set()
         if self._stall_thread == threading.get_ident():
             # the stall just ended: the part of it the engine spent off the CPU (a
@@ -282,9 +285,10 @@ class Governor:
         self._stall_thread = None
 
     def engine_idle(self) -> None:
-        """The engine's request ended: it needs no GIL until the next one."""
-        if self._pending_graphs:
-            self._go.set()
+        """The engine's request ended. Its last graphs are not planned now (a plan for
+        an ended request is dropped anyway; the controller learns from them at the
+        next decode): a client's next request usually follows at once, and its prompt
+        batch would share the cores with the planner."""
         # the pause until the next request is neither a stall nor part of a period
         self._stall_thread = None
         self._stall_t0 = 0
@@ -355,8 +359,9 @@ class Governor:
     # ---- worker ----------------------------------------------------------------------
 
     def _work(self) -> None:
-        """The planner: woken once per decode, when the engine enters ``llama_decode``
-        (or ends its request), never at a graph's end.
+        """The planner: woken once per decode, when the engine enters a one-token
+        ``llama_decode`` (or someone waits for it: ``wait_idle``, settling), never at
+        a graph's end.
 
         Between two decodes the engine thread runs Python (sampling, detokenising; in a
         server, the event loop streams the token and the next one may be decoded on
