@@ -1,6 +1,9 @@
 """Governor: inline fast path, timed decisions, and safe fallback when the device fails."""
 
 import logging
+import time
+
+import numpy as np
 
 from turboinfer_llama.control.base import Decision
 from turboinfer_llama.control.governor import Governor
@@ -148,3 +151,82 @@ def test_timer_thread_applies_a_decision_due_inside_a_stall():
         time.sleep(0.005)
     gov.close()
     assert dev.set_calls[:2] == [LEVELS[0], LEVELS[2]]
+
+
+class Learner:
+    """A planning controller that only notes which graphs reached its ``on_graph``."""
+
+    name = "learner"
+
+    def __init__(self):
+        self.graphs = []
+
+    def on_event(self, ev):
+        return None
+
+    def plan(self, now_ns):
+        return []
+
+    def on_graph(self, batch):
+        self.graphs.append(batch.graph)
+
+
+def _asks(graph, t_ns, n=4):
+    from turboinfer_llama.engine.hooks import RECORD_DTYPE
+
+    rec = np.zeros(n, dtype=RECORD_DTYPE)
+    rec["t_ns"] = t_ns + np.arange(n) * 1_000
+    rec["graph"] = graph
+    rec["node"] = np.arange(n)
+    rec["op"] = b"MUL_MAT"
+    rec["name"] = b"ffn_up-0"
+    return rec
+
+
+def _soon(cond, timeout_s=5.0):
+    end = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.005)
+    return cond()
+
+
+def test_the_planner_runs_while_the_engine_is_inside_llama_decode_not_between():
+    """Issue 11.9/14: between two decodes the engine runs Python (sampling, streaming);
+    the planner's Python there would take the GIL from it. A graph's records wait until
+    the engine enters its next one-token decode (a prompt batch uses every core)."""
+    ctl = Learner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    try:
+        gov._plan_cpu_ns = 10**9  # as learned: planning is not ~free (EAGER_PLAN_FRACTION)
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        time.sleep(0.2)
+        assert ctl.graphs == []  # the engine is between decodes
+        gov.entering_decode(32)  # a prompt batch
+        time.sleep(0.1)
+        assert ctl.graphs == []
+        gov.entering_decode(1)
+        assert _soon(lambda: ctl.graphs == [1])
+        # the former scheduling, at a graph's end
+        gov.HOLD_FOR_ENGINE = False
+        gov.graph_end()
+        gov.on_decode_end(_asks(2, t), graph=2, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        assert _soon(lambda: ctl.graphs == [1, 2])
+        assert gov.plan_holds == {"held": 1, "eager": 1}
+    finally:
+        gov.close()
+
+
+def test_wait_idle_plans_what_the_engine_left_pending():
+    ctl = Learner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    try:
+        gov._plan_cpu_ns = 10**9
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        assert gov.wait_idle(5.0)
+        assert ctl.graphs == [1]
+    finally:
+        gov.close()
