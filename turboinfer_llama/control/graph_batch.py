@@ -61,10 +61,16 @@ class NodeCosts:
     fields that decide the cost: decode graphs repeat their shapes every token, so a
     graph costs one ``np.unique`` plus a dict lookup per distinct node."""
 
+    # whole graphs seen before (decode graphs repeat every token): their packed key
+    # bytes -> the (n, 3) array, and their names -> layer outputs; bounded, oldest out
+    MAX_TEMPLATES = 16
+
     def __init__(self, max_entries: int = 200_000) -> None:
         self._cache: dict[bytes, tuple[float, float, float]] = {}
         self._by_shape: dict[tuple[str, NodeShape | None], tuple[float, float, float]] = {}
         self._max = max_entries
+        self._templates: dict[bytes, np.ndarray] = {}
+        self._layer_outs: dict[bytes, np.ndarray] = {}
 
     def of(self, op: str, shape: NodeShape | None) -> tuple[float, float, float]:
         key = (op, shape)
@@ -82,6 +88,24 @@ class NodeCosts:
         if len(rec) == 0:
             return np.zeros((0, 3))
         keys = repack_fields(rec[_KEY_FIELDS])  # packed: no other field in the key
+        whole = keys.tobytes()
+        known = self._templates.get(whole)
+        if known is not None:  # the same graph as before: one hash, no np.unique
+            return known
+        out = self._of_keys(rec, keys)
+        _remember(self._templates, whole, out, self.MAX_TEMPLATES)
+        return out
+
+    def layer_outs(self, names: np.ndarray) -> np.ndarray:
+        """Which of these node names are a layer's output (``l_out-<i>``)."""
+        whole = names.tobytes()
+        known = self._layer_outs.get(whole)
+        if known is None:
+            known = np.asarray(np.char.startswith(names, LAYER_OUT_PREFIX), dtype=bool)
+            _remember(self._layer_outs, whole, known, self.MAX_TEMPLATES)
+        return known
+
+    def _of_keys(self, rec: np.ndarray, keys: np.ndarray) -> np.ndarray:
         raw = keys.view(np.dtype((np.void, keys.dtype.itemsize)))
         uniq, first, inv = np.unique(raw, return_index=True, return_inverse=True)
         vals = np.empty((len(uniq), 3))
@@ -111,6 +135,13 @@ class NodeCosts:
             )
         op = bytes(r["op"]).decode("ascii", "replace")
         return self.of(op, shape)
+
+
+def _remember(cache: dict[bytes, np.ndarray], key: bytes, value: np.ndarray, cap: int) -> None:
+    value.setflags(write=False)  # shared by every batch of this template
+    if len(cache) >= cap:
+        del cache[next(iter(cache))]
+    cache[key] = value
 
 
 def records_array(raw: object) -> np.ndarray | None:
@@ -146,8 +177,11 @@ def batch_from_records(
     None when the graph produced no ask (nothing was computed)."""
     if len(rec) == 0:
         return None
-    mine = rec[rec["graph"] == graph]
-    asks = mine[mine["phase"] == _ASK]
+    seq = rec["graph"]
+    # records come in graph order: usually all of them are this graph's
+    mine = rec if seq[0] == graph and seq[-1] == graph else rec[seq == graph]
+    phase = mine["phase"]
+    asks = mine if not phase.any() else mine[phase == _ASK]  # _ASK == 0
     if len(asks) == 0:
         return None
     n = len(asks)
@@ -161,8 +195,7 @@ def batch_from_records(
         ok = (idx >= 0) & (idx < n)
         done_ns[idx[ok]] = dones["t_ns"][ok]
     cmx = costs.of_records(asks)
-    names = asks["name"]
-    layer_out = np.char.startswith(names, LAYER_OUT_PREFIX)
+    layer_out = costs.layer_outs(asks["name"])
     return GraphBatch(
         graph=graph,
         phase="prefill" if n_tokens > 1 else "decode",
@@ -176,5 +209,5 @@ def batch_from_records(
         c_ns=cmx[:, 0].copy(),
         m_ns=cmx[:, 1].copy(),
         launch=cmx[:, 2].copy(),
-        layer_out=np.asarray(layer_out, dtype=bool),
+        layer_out=layer_out,
     )
