@@ -190,30 +190,51 @@ def _soon(cond, timeout_s=5.0):
     return cond()
 
 
-def test_the_planner_runs_while_the_engine_is_inside_llama_decode_not_between():
-    """Issue 11.9/14: between two decodes the engine runs Python (sampling, streaming);
-    the planner's Python there would take the GIL from it. A graph's records wait until
-    the engine enters its next one-token decode (a prompt batch uses every core)."""
+def test_a_prompt_graph_is_planned_in_the_first_decode_not_before_the_first_token():
+    """Issue 14 (TTFT): a prompt batch's graph is not planned between the prompt and the
+    first token, nor while another prompt batch runs (every core); the first one-token
+    decode's entry wakes the planner. A decode graph is planned at once (default)."""
     ctl = Learner()
     gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
     try:
         gov._plan_cpu_ns = 10**9  # as learned: planning is not ~free (EAGER_PLAN_FRACTION)
         t = time.monotonic_ns()
         gov.graph_end()
-        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=12, t_begin_ns=t, t_end_ns=t + 10**5)
         time.sleep(0.2)
-        assert ctl.graphs == []  # the engine is between decodes
-        gov.entering_decode(32)  # a prompt batch
+        assert ctl.graphs == []  # the engine samples the first token
+        gov.entering_decode(32)  # another prompt batch
         time.sleep(0.1)
         assert ctl.graphs == []
         gov.entering_decode(1)
         assert _soon(lambda: ctl.graphs == [1])
-        # the former scheduling, at a graph's end
-        gov.HOLD_FOR_ENGINE = False
+        gov.graph_end()
+        gov.on_decode_end(_asks(2, t), graph=2, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        assert _soon(lambda: ctl.graphs == [1, 2])  # a decode graph: at once, in time
+        assert gov.plan_holds == {"held": 1, "eager": 1}
+    finally:
+        gov.close()
+
+
+def test_held_decode_graphs_wait_for_the_engine_to_enter_llama_decode():
+    """HOLD_FOR_ENGINE: a decode graph is planned while the next decode runs (GIL free),
+    not in the engine's Python between decodes."""
+    ctl = Learner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    gov.HOLD_FOR_ENGINE = True
+    try:
+        gov._plan_cpu_ns = 10**9
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        time.sleep(0.2)
+        assert ctl.graphs == []
+        gov.entering_decode(1)
+        assert _soon(lambda: ctl.graphs == [1])
+        gov._plan_cpu_ns = 0  # planning became ~free: in time again
         gov.graph_end()
         gov.on_decode_end(_asks(2, t), graph=2, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
         assert _soon(lambda: ctl.graphs == [1, 2])
-        assert gov.plan_holds == {"held": 1, "eager": 1}
     finally:
         gov.close()
 

@@ -56,9 +56,14 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
-    # The planner plans while the engine is inside llama_decode (``_work``); False:
-    # at once after each graph's end, in the engine's Python between decodes.
-    HOLD_FOR_ENGINE = True
+    # Decode graphs: False (default) plans each at once after its end, in the engine's
+    # stall between decodes, in time for the next graph (the GIL is shared with the
+    # engine's sampling there); True plans it while the next decode runs (GIL free,
+    # another core; the plan lands late, for the graph after). See ``_work``.
+    HOLD_FOR_ENGINE = False
+    # A prompt batch's graph is planned in the first one-token decode after it, never
+    # between the prompt and the first token (issue 14's TTFT)
+    HOLD_PROMPTS = True
     # ... except where the planner's CPU per graph is at most this fraction of the
     # graph period: then its contention in the stall costs at most that much
     # throughput, and plans come in time
@@ -337,11 +342,15 @@ class Governor:
         if self._worker is not None and raw is not None and len(raw):
             self._idle.clear()
             self._pending_graphs.append((raw, graph, n_tokens, t_begin_ns, t_end_ns))
-            if (
-                not self.HOLD_FOR_ENGINE
-                or self._stall_idle_ns > 2 * self._plan_cpu_ns
-                or self._plan_cpu_ns <= self.EAGER_PLAN_FRACTION * self._period_ns
-            ):
+            if n_tokens > 1 and self.HOLD_PROMPTS:
+                held = True  # planned in the first one-token decode (TTFT)
+            else:
+                held = (
+                    self.HOLD_FOR_ENGINE
+                    and self._stall_idle_ns <= 2 * self._plan_cpu_ns
+                    and self._plan_cpu_ns > self.EAGER_PLAN_FRACTION * self._period_ns
+                )
+            if not held:
                 self._go.set()  # planning in the stall costs (next to) nothing: plan now
                 self.plan_holds["eager"] += 1
             else:
@@ -359,28 +368,31 @@ class Governor:
     # ---- worker ----------------------------------------------------------------------
 
     def _work(self) -> None:
-        """The planner: woken once per decode, when the engine enters a one-token
-        ``llama_decode`` (or someone waits for it: ``wait_idle``, settling), never at
-        a graph's end.
+        """The planner. It is woken once per graph, without polling: at a decode
+        graph's end (default), or, for held graphs, when the engine next enters a
+        one-token ``llama_decode`` (or someone waits: ``wait_idle``, settling).
 
         Between two decodes the engine thread runs Python (sampling, detokenising; in a
         server, the event loop streams the token and the next one may be decoded on
-        another worker thread). Woken at the graph's end, the planner's ~2.5 ms of
-        Python took the GIL at each of llama-cpp-python's ctypes calls there and
-        delayed the next token by about its whole CPU time (issue 11.9; issue 14's
-        TTFT and tokens/s: a prefill graph's plan landed between the prompt and the
-        first token), and the wake-up itself preempted the engine on a busy host.
-        Inside ``llama_decode`` the GIL is free (with the eval hook installed llama.cpp
-        computes the graph synchronously there, also on a GPU) and the planner runs
-        beside the engine, on another core. So a graph's plan is set while the next
-        graph runs: a late plan, which the executor keeps for the graph after it (a
-        plan is for "the next graph"); replay models the same delay from
-        ``plan_delay_ns``. Where the engine's stalls leave the GIL free long enough
-        (it sleeps or waits off the CPU there for over twice the planner's CPU time
-        per graph, moving averages), or where planning is cheap (at most
-        ``EAGER_PLAN_FRACTION`` of the graph period), graphs are planned at once in the
-        stall, in time for the next graph. ``HOLD_FOR_ENGINE = False`` always plans at
-        once."""
+        another worker thread). A planner running there takes the GIL at each of
+        llama-cpp-python's ctypes calls and delays the next token by up to its CPU
+        time; inside ``llama_decode`` the GIL is free (with the eval hook installed,
+        llama.cpp computes the graph synchronously there, also on a GPU) and the
+        planner runs beside the engine on another core, but its plan lands while the
+        next graph runs: late, kept for the graph after (replay models the delay from
+        ``plan_delay_ns``), and tmpc switches far less.
+
+        * A prompt batch's graph (``HOLD_PROMPTS``) is always held: planning it between
+          the prompt and the first token cost issue 14's TTFT, and a prompt batch
+          runs on ``n_threads_batch`` threads (every core by default), so it does not
+          wake the planner either; nor does a request's end (the next request's
+          prompt usually follows at once; a plan for an ended request is dropped).
+        * Decode graphs are planned at once, in time (default), or held with
+          ``HOLD_FOR_ENGINE``; held or not, they are planned at once where that
+          costs (next to) nothing: the engine's stalls are off the CPU (a GPU sync, a
+          sleeping logits processor) for twice the planner's CPU per graph, or the
+          planner takes at most ``EAGER_PLAN_FRACTION`` of the graph period (moving
+          averages). ``health()["plan_holds"]`` counts held and eager graphs."""
         while True:
             self._go.wait()
             self._go.clear()
