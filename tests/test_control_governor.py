@@ -1,6 +1,9 @@
 """Governor: inline fast path, timed decisions, and safe fallback when the device fails."""
 
 import logging
+import time
+
+import numpy as np
 
 from turboinfer_llama.control.base import Decision
 from turboinfer_llama.control.governor import Governor
@@ -148,3 +151,103 @@ def test_timer_thread_applies_a_decision_due_inside_a_stall():
         time.sleep(0.005)
     gov.close()
     assert dev.set_calls[:2] == [LEVELS[0], LEVELS[2]]
+
+
+class Learner:
+    """A planning controller that only notes which graphs reached its ``on_graph``."""
+
+    name = "learner"
+
+    def __init__(self):
+        self.graphs = []
+
+    def on_event(self, ev):
+        return None
+
+    def plan(self, now_ns):
+        return []
+
+    def on_graph(self, batch):
+        self.graphs.append(batch.graph)
+
+
+def _asks(graph, t_ns, n=4):
+    from turboinfer_llama.engine.hooks import RECORD_DTYPE
+
+    rec = np.zeros(n, dtype=RECORD_DTYPE)
+    rec["t_ns"] = t_ns + np.arange(n) * 1_000
+    rec["graph"] = graph
+    rec["node"] = np.arange(n)
+    rec["op"] = b"MUL_MAT"
+    rec["name"] = b"ffn_up-0"
+    return rec
+
+
+def _soon(cond, timeout_s=5.0):
+    end = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.005)
+    return cond()
+
+
+def test_a_prompt_graph_is_planned_in_the_first_decode_not_before_the_first_token():
+    """Issue 14 (TTFT): a prompt batch's graph is not planned between the prompt and the
+    first token, nor while another prompt batch runs (every core); the first one-token
+    decode's entry wakes the planner. A decode graph is planned at once (default)."""
+    ctl = Learner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    try:
+        gov._plan_cpu_ns = 10**9  # as learned: planning is not ~free (EAGER_PLAN_FRACTION)
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=12, t_begin_ns=t, t_end_ns=t + 10**5)
+        time.sleep(0.2)
+        assert ctl.graphs == []  # the engine samples the first token
+        gov.entering_decode(32)  # another prompt batch
+        time.sleep(0.1)
+        assert ctl.graphs == []
+        gov.entering_decode(1)
+        assert _soon(lambda: ctl.graphs == [1])
+        gov.graph_end()
+        gov.on_decode_end(_asks(2, t), graph=2, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        assert _soon(lambda: ctl.graphs == [1, 2])  # a decode graph: at once, in time
+        assert gov.plan_holds == {"held": 1, "eager": 1}
+    finally:
+        gov.close()
+
+
+def test_held_decode_graphs_wait_for_the_engine_to_enter_llama_decode():
+    """HOLD_FOR_ENGINE: a decode graph is planned while the next decode runs (GIL free),
+    not in the engine's Python between decodes."""
+    ctl = Learner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    gov.HOLD_FOR_ENGINE = True
+    try:
+        gov._plan_cpu_ns = 10**9
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        time.sleep(0.2)
+        assert ctl.graphs == []
+        gov.entering_decode(1)
+        assert _soon(lambda: ctl.graphs == [1])
+        gov._plan_cpu_ns = 0  # planning became ~free: in time again
+        gov.graph_end()
+        gov.on_decode_end(_asks(2, t), graph=2, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        assert _soon(lambda: ctl.graphs == [1, 2])
+    finally:
+        gov.close()
+
+
+def test_wait_idle_plans_what_the_engine_left_pending():
+    ctl = Learner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    try:
+        gov._plan_cpu_ns = 10**9
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        assert gov.wait_idle(5.0)
+        assert ctl.graphs == [1]
+    finally:
+        gov.close()

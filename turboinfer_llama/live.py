@@ -162,6 +162,12 @@ class SimulatedAccount:
     def compute_done(self) -> None:
         self.loop.compute_done()
 
+    def entering_decode(self, n_tokens: int) -> None:
+        self.loop.entering_decode(n_tokens)
+
+    def engine_idle(self) -> None:
+        self.loop.engine_idle()
+
     def graph_end(self) -> None:
         self.loop.graph_end()
 
@@ -496,6 +502,12 @@ class RealDeviceControl:
 
     def compute_done(self) -> None:
         self.governor.compute_done()
+
+    def entering_decode(self, n_tokens: int) -> None:
+        self.governor.entering_decode(n_tokens)
+
+    def engine_idle(self) -> None:
+        self.governor.engine_idle()
 
     def graph_end(self) -> None:
         self.governor.graph_end()

@@ -49,6 +49,24 @@ def _eval_callback_in_context_params(hook: EvalHook) -> Iterator[None]:
             llama_capi.llama_context_default_params = original
 
 
+def _signal_decode_entry(ctx: Any, power: PowerSession) -> None:
+    """Tell the live loop the moment each ``llama_decode`` starts: the planner thread
+    waits for it (GIL free) instead of competing with the engine's Python between
+    decodes. It wraps this context's ``decode`` (llama-cpp-python's ``LlamaContext``,
+    which calls ``llama_decode``) on the instance only; without it the planner falls
+    back to its hold timeout (control/governor.py, ``PLAN_HOLD_NS``)."""
+    inner = getattr(ctx, "decode", None)
+    if inner is None:
+        return
+    entering = power.entering_decode
+
+    def decode(batch: Any) -> Any:
+        entering()
+        return inner(batch)
+
+    ctx.decode = decode
+
+
 def _settings(power: PowerSettings | dict[str, Any] | None) -> PowerSettings:
     if power is None:
         return PowerSettings()
@@ -102,6 +120,8 @@ class Llama(llama_cpp.Llama):
         self.power = PowerSession(settings, hook, live)
         # The ExitStack unwinds in reverse: this runs before the context is freed.
         self._stack.callback(self.power.detach)
+        if live is not None:
+            _signal_decode_entry(self._ctx, self.power)
         self._check_offload(settings, steered)
 
     def _check_offload(self, settings: PowerSettings, steered: GpuDevice | None) -> None:

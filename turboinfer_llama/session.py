@@ -224,6 +224,13 @@ class PowerSession:
         if self._hook is not None and self._loop is not None:
             self._loop.compute_begin()
 
+    def entering_decode(self) -> None:
+        """Right before each ``llama_decode`` call (after llama-cpp-python's own
+        ctypes calls that precede it): the planner runs while the engine is inside."""
+        loop = self._loop
+        if loop is not None:
+            loop.entering_decode(self._decode_begin[1])
+
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
@@ -263,6 +270,8 @@ class PowerSession:
         self._activity.set()
         self.emit(EventKind.REQUEST_END, n_tokens=n_generated)
         self.emit(EventKind.IDLE)
+        if self._loop is not None:
+            self._loop.engine_idle()
         self._wake.set()
 
     # -- the worker ----------------------------------------------------------------

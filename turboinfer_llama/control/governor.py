@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-import queue
 import statistics
 import threading
 import time
@@ -56,6 +55,19 @@ class Governor:
 
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
+
+    # Decode graphs: False (default) plans each at once after its end, in the engine's
+    # stall between decodes, in time for the next graph (the GIL is shared with the
+    # engine's sampling there); True plans it while the next decode runs (GIL free,
+    # another core; the plan lands late, for the graph after). See ``_work``.
+    HOLD_FOR_ENGINE = False
+    # A prompt batch's graph is planned in the first one-token decode after it, never
+    # between the prompt and the first token (issue 14's TTFT)
+    HOLD_PROMPTS = True
+    # ... except where the planner's CPU per graph is at most this fraction of the
+    # graph period: then its contention in the stall costs at most that much
+    # throughput, and plans come in time
+    EAGER_PLAN_FRACTION = 0.01
 
     def __init__(
         self,
@@ -121,10 +133,27 @@ class Governor:
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
         self._plan_wait_ns: list[int] = []  # from the graph's end until the worker began
         self._costs = NodeCosts()
-        self._work_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # graphs waiting for the planner (appended by the engine thread, which never
+        # wakes the planner at a graph's end: see _work)
+        self._pending_graphs: deque[tuple[Any, int, int, int, int]] = deque()
+        self._go = threading.Event()  # wakes the planner
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
+        # graphs whose planning waited for the engine to leave Python ("held"), or
+        # began at their end (HOLD_FOR_ENGINE False, or stalls with room: "eager")
+        self.plan_holds: Counter[str] = Counter(held=0, eager=0)
+        # The engine's stalls between decodes: how long it spends in them off the CPU
+        # (moving average; a phone's GPU sync or a sleeping logits processor leaves
+        # the GIL free), against the planner's CPU per graph (moving average). Where
+        # the stalls have room for twice the planner's work, graphs are planned at
+        # once in them, in time for the next graph (see _work).
+        self._stall_thread: int | None = None
+        self._stall_t0 = 0
+        self._stall_cpu0 = 0
+        self._stall_idle_ns = 0
+        self._plan_cpu_ns = 0
+        self._period_ns = 0  # graph end to graph end (moving average)
         top = len(self.levels_hz) - 1
         self._cap_level = top  # thermal cap, as a level (see _check_cap)
         self._last_plan: Plan | None = None
@@ -175,7 +204,7 @@ class Governor:
         switch can land after the restore: the executor is joined first."""
         self._stop.set()
         self._wake.set()
-        self._work_q.put(None)
+        self._go.set()
         if self.executor is not None:
             self.executor.stop()
         for t in (self._thread, self._worker):
@@ -245,6 +274,31 @@ class Governor:
                 self._check_cap(ex)
             ex.graph_begin(graph)
 
+    def entering_decode(self, n_tokens: int = 1) -> None:
+        """The engine thread calls ``llama_decode`` now (it leaves Python, the GIL is
+        free until it returns): the planner may run (``_work``), unless this is a
+        prompt's batch (``n_tokens`` > 1), which llama.cpp computes on
+        ``n_threads_batch`` threads, every core by default: there the planner would
+        take a core from it (issue 14's TTFT). Its graphs wait for the first decode."""
+        if self._pending_graphs and n_tokens <= 1:
+            self._go.set()
+        if self._stall_thread == threading.get_ident():
+            # the stall just ended: the part of it the engine spent off the CPU (a
+            # sleep, a GPU sync; also time preempted), on the same thread only
+            wall = now_ns() - self._stall_t0
+            idle = wall - (time.thread_time_ns() - self._stall_cpu0)
+            self._stall_idle_ns += (idle - self._stall_idle_ns) // 4
+        self._stall_thread = None
+
+    def engine_idle(self) -> None:
+        """The engine's request ended. Its last graphs are not planned now (a plan for
+        an ended request is dropped anyway; the controller learns from them at the
+        next decode): a client's next request usually follows at once, and its prompt
+        batch would share the cores with the planner."""
+        # the pause until the next request is neither a stall nor part of a period
+        self._stall_thread = None
+        self._stall_t0 = 0
+
     def _check_cap(self, ex: LiveExecutor) -> None:
         """A cap written into the device's own max (a thermal daemon) while the native
         executor, not the backend, does the writing: read it before each graph (one
@@ -292,6 +346,12 @@ class Governor:
 
     def graph_end(self) -> None:
         """Right after ``llama_decode`` returns: the executor's end of graph."""
+        t = now_ns()
+        if self._stall_t0:
+            self._period_ns += (t - self._stall_t0 - self._period_ns) // 4
+        self._stall_thread = threading.get_ident()
+        self._stall_t0 = t
+        self._stall_cpu0 = time.thread_time_ns()
         ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
@@ -305,27 +365,73 @@ class Governor:
             return
         if self._worker is not None and raw is not None and len(raw):
             self._idle.clear()
-            self._work_q.put((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+            self._pending_graphs.append((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+            if n_tokens > 1 and self.HOLD_PROMPTS:
+                held = True  # planned in the first one-token decode (TTFT)
+            else:
+                held = (
+                    self.HOLD_FOR_ENGINE
+                    and self._stall_idle_ns <= 2 * self._plan_cpu_ns
+                    and self._plan_cpu_ns > self.EAGER_PLAN_FRACTION * self._period_ns
+                )
+            if not held:
+                self._go.set()  # planning in the stall costs (next to) nothing: plan now
+                self.plan_holds["eager"] += 1
+            else:
+                self.plan_holds["held"] += 1
+        elif ex.error() is not None:  # no planner run to notice a failed executor
+            with self._lock:
+                self._collect_log()
 
     def wait_idle(self, timeout_s: float = 5.0) -> bool:
         """Wait until the worker has planned every queued graph (tests, accounting)."""
+        if self._pending_graphs:
+            self._go.set()  # plan now: the caller waits for it, not the engine
         return self._idle.wait(timeout_s)
 
     # ---- worker ----------------------------------------------------------------------
 
     def _work(self) -> None:
+        """The planner. It is woken once per graph, without polling: at a decode
+        graph's end (default), or, for held graphs, when the engine next enters a
+        one-token ``llama_decode`` (or someone waits: ``wait_idle``, settling).
+
+        Between two decodes the engine thread runs Python (sampling, detokenising; in a
+        server, the event loop streams the token and the next one may be decoded on
+        another worker thread). A planner running there takes the GIL at each of
+        llama-cpp-python's ctypes calls and delays the next token by up to its CPU
+        time; inside ``llama_decode`` the GIL is free (with the eval hook installed,
+        llama.cpp computes the graph synchronously there, also on a GPU) and the
+        planner runs beside the engine on another core, but its plan lands while the
+        next graph runs: late, kept for the graph after (replay models the delay from
+        ``plan_delay_ns``), and tmpc switches far less.
+
+        * A prompt batch's graph (``HOLD_PROMPTS``) is always held: planning it between
+          the prompt and the first token cost issue 14's TTFT, and a prompt batch
+          runs on ``n_threads_batch`` threads (every core by default), so it does not
+          wake the planner either; nor does a request's end (the next request's
+          prompt usually follows at once; a plan for an ended request is dropped).
+        * Decode graphs are planned at once, in time (default), or held with
+          ``HOLD_FOR_ENGINE``; held or not, they are planned at once where that
+          costs (next to) nothing: the engine's stalls are off the CPU (a GPU sync, a
+          sleeping logits processor) for twice the planner's CPU per graph, or the
+          planner takes at most ``EAGER_PLAN_FRACTION`` of the graph period (moving
+          averages). ``health()["plan_holds"]`` counts held and eager graphs."""
         while True:
-            item = self._work_q.get()
-            if item is None or self._stop.is_set():
+            self._go.wait()
+            self._go.clear()
+            if self._stop.is_set():
                 self._idle.set()
                 return
-            try:
-                self._plan_graph(*item)
-            except Exception as e:  # the worker must survive; generation goes on
-                log.exception("turboinfer planner failed on a graph")
-                with self._lock:
-                    self.error = f"planner: {type(e).__name__}: {e}"
-            if self._work_q.empty():
+            while self._pending_graphs and not self._stop.is_set():
+                item = self._pending_graphs.popleft()
+                try:
+                    self._plan_graph(*item)
+                except Exception as e:  # the worker must survive; generation goes on
+                    log.exception("turboinfer planner failed on a graph")
+                    with self._lock:
+                        self.error = f"planner: {type(e).__name__}: {e}"
+            if not self._pending_graphs:
                 self._idle.set()
 
     def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
@@ -379,7 +485,9 @@ class Governor:
                     self.log_cutoff_ns[graph] = t_drain - t1
             self.graphs += 1
             self._graph_ns.append(time.perf_counter_ns() - start)
-            self._graph_cpu_ns.append(time.thread_time_ns() - cpu0)
+            cpu = time.thread_time_ns() - cpu0
+            self._graph_cpu_ns.append(cpu)
+            self._plan_cpu_ns += (cpu - self._plan_cpu_ns) // 4
             self._plan_wait_ns.append(start - t1)
             if len(self._graph_ns) > 10_000:
                 for lst in (self._graph_ns, self._graph_cpu_ns, self._plan_wait_ns):
@@ -441,13 +549,18 @@ class Governor:
 
     def _apply_due(self, now: int) -> None:
         ex = self.executor
+        switched = False
         while self._queue and self._queue[0][0] <= now and not self.failed:
             _, _, d = self._queue.pop(0)
             if ex is None:
                 return
             level = bisect.bisect_left(self.levels_hz, d.freq_hz)
             ex.switch_now(min(level, len(self.levels_hz) - 1, self._cap_level))
-        if ex is not None and ex.error() is not None and not self.failed:
+            switched = True
+        # the executor's health is read after a switch here, and once per graph at its
+        # end (``on_decode_end``), never per event: each read is a native call, and on
+        # the engine thread every native call hands the GIL to whichever thread wants it
+        if switched and ex is not None and ex.error() is not None and not self.failed:
             self._collect_log()
 
     def _timer_loop(self) -> None:
@@ -509,6 +622,7 @@ class Governor:
             "graph_plan_us_median": _median_us(self._graph_ns),
             "graph_plan_cpu_us_median": _median_us(self._graph_cpu_ns),
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
+            "plan_holds": dict(self.plan_holds),
         }
 
     def _standin_health(self, ex: LiveExecutor | None) -> dict[str, Any] | None:
