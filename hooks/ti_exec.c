@@ -288,6 +288,18 @@ static int ti_actuate(struct ti_exec *ex, int32_t level)
 	return EINVAL;
 }
 
+/* Caller holds mu; the executor has stopped (a failed write, or stop). The kernel module
+ * drops an fd's frequency request on its last close: close it now, so a stopped executor
+ * no longer pins the clock until ti_exec_destroy (Python restores the device next). */
+static void ti_release_kmod(struct ti_exec *ex)
+{
+	if (ex->actuator != TI_ACT_KMOD || ex->fd[0] < 0)
+		return;
+	if (close(ex->fd[0]) != 0 && ex->failed_errno == 0)
+		ex->failed_errno = errno;
+	ex->fd[0] = -1;
+}
+
 /* Caller holds mu. Applies one switch unless stopped or already in effect. due_ns: the
  * timer deadline it fires for (-1 when not a timer switch), logged for lateness. */
 static void ti_apply_due(struct ti_exec *ex, int32_t level, enum ti_source source, int32_t node,
@@ -321,6 +333,7 @@ static void ti_apply_due(struct ti_exec *ex, int32_t level, enum ti_source sourc
 	if (err != 0) {
 		ex->stopped = true;
 		ex->failed_errno = err;
+		ti_release_kmod(ex);
 		pthread_cond_broadcast(&ex->wake); /* the timer thread exits */
 		return;
 	}
@@ -889,6 +902,7 @@ TI_API void ti_exec_stop(struct ti_exec *ex)
 		return;
 	ti_lock(ex);
 	ex->stopped = true; /* under mu: no actuator call is in flight now, none will start */
+	ti_release_kmod(ex);
 	pthread_cond_broadcast(&ex->wake);
 	pthread_cond_broadcast(&ex->standin_cv); /* a stand-in wait ends at once */
 	ti_unlock(ex);

@@ -346,11 +346,27 @@ def test_kmod_actuator_issues_the_ioctl(tmp_path: Path) -> None:
     driven in the kernel module's qemu boot test.)"""
     not_a_device = tmp_path / "turboinfer"
     not_a_device.write_text("")
+
+    def open_on_it() -> int:  # this process's descriptors open on the stand-in file
+        fds = Path("/proc/self/fd")
+        return sum(1 for fd in fds.iterdir() if _resolves_to(fd, not_a_device))
+
     with native_exec.NativeExecutor([1, 2], native_exec.KmodActuator(str(not_a_device))) as ex:
+        assert open_on_it() == 1
         ex.switch_now(1)
         raw = ex.drain_raw()
         assert raw["err"].tolist() == [errno.ENOTTY]
         assert ex.status()["failed_errno"] == errno.ENOTTY
+        # the failed executor let go of the module's fd at once (its frequency request
+        # goes with the fd's last close), not only when it is destroyed
+        assert open_on_it() == 0
+
+
+def _resolves_to(fd: Path, target: Path) -> bool:
+    try:
+        return os.readlink(fd) == str(target)
+    except OSError:  # closed meanwhile (the listing's own descriptor)
+        return False
 
 
 def test_device_backends_describe_their_native_actuator(tmp_path: Path) -> None:
