@@ -43,7 +43,11 @@ the start of the sampling stall:
   absolute graph time cancels; what reaches the debt is the error in the predicted
   slowdown, bounded by the upper quantile ``r`` of past relative
   graph-time errors: ``r * (d - d_ref)``. Stalls add how far below its lower bound a
-  stall has been seen to end times the largest slowdown a low clock can cause.
+  stall has been seen to end times the largest slowdown a low clock can cause. A
+  systematic error in the slowdown (the model's shape at the levels used, switches
+  landing later than planned) is learnt instead: plans below the top keep the ratio of
+  measured to planned slowdown (``_slow_gain``, an EWMA bounded 0.5-4), and the solve
+  scales every level's slowdown by it.
 * Inside the next graph, per-block levels (about one block per layer) share the time
   the horizon leaves it (``tmpc_solver.block_levels``). Block switches are keyed by
   node ordinal where the callback sees node boundaries during compute (``layer``,
