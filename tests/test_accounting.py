@@ -476,3 +476,25 @@ def test_shared_trace_is_built_once_per_segments_and_profile(raw) -> None:
     assert PhoneTrace.shared(list(phone), p) is not a  # another list: built again
     q = dataclasses.replace(p, host_cpu_factor=2 * p.host_cpu_factor)
     assert PhoneTrace.shared(phone, q) is not PhoneTrace.shared(phone, p)
+
+
+def test_trace_build_has_a_pause_point_a_settle_worker_can_hold_or_abort(raw) -> None:
+    """A server's settle worker must not compete with a request for the GIL: the trace
+    build (milliseconds per token) calls its pause point every BUILD_PAUSE_EVERY
+    segments, and an exception raised there stops the build."""
+    from turboinfer_llama.accounting import BUILD_PAUSE_EVERY
+
+    profile = load_profile("adreno650")
+    calls = []
+    built = PhoneTrace.build(raw, profile, pause=lambda: calls.append(1))
+    assert len(calls) >= max(1, len(raw) // (2 * BUILD_PAUSE_EVERY)), (len(calls), len(raw))
+    assert built.n_kernels == PhoneTrace.build(raw, profile).n_kernels  # same trace
+
+    class Stop(Exception):
+        pass
+
+    def abort() -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        PhoneTrace.build(raw, profile, pause=abort)

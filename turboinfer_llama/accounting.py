@@ -33,7 +33,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,9 @@ from .devices.sim import SimGpu, SimProfile
 from .engine.events import StallKind
 from .engine.graph import cost
 from .engine.segments import Segment
+
+# segments between two calls of PhoneTrace.build's pause point (a few ms of CPU at most)
+BUILD_PAUSE_EVERY = 256
 
 __all__ = [
     "Account",
@@ -195,13 +198,20 @@ class PhoneTrace:
 
     @classmethod
     def build(
-        cls, segments: Sequence[Segment], profile: SimProfile, *, host_model: bool = True
+        cls,
+        segments: Sequence[Segment],
+        profile: SimProfile,
+        *,
+        host_model: bool = True,
+        pause: Callable[[], None] | None = None,
     ) -> PhoneTrace:
         """Walk the recorded segments once, applying the phone host model; with
         ``host_model=False`` the segments are taken as they are (already through
         ``phone_segments``, or a synthetic trace): inter-kernel stalls become the gap
         before the next kernel, stalls keep their length, and kernels without
-        per-kernel timing get the profile's ``host_submission_ns``, as replay does."""
+        per-kernel timing get the profile's ``host_submission_ns``, as replay does.
+        ``pause()`` is called every ``BUILD_PAUSE_EVERY`` segments: a server's settle
+        worker waits there (or raises) while a request runs, as in the passes."""
         if not segments:
             raise ValueError("accounting needs at least one segment")
         segs = _graph_ids(segments)
@@ -217,7 +227,11 @@ class PhoneTrace:
         n = len(segs)
         seg_step = [-1] * n  # the stall step a segment became
         seg_kernel = [-1] * n  # the kernel index a segment became
+        next_pause = BUILD_PAUSE_EVERY if pause is not None else n
         while i < n:
+            if i >= next_pause:
+                pause()  # type: ignore[misc]
+                next_pause = i + BUILD_PAUSE_EVERY
             s = segs[i]
             if s.request >= 0 and s.request != request and s.stall is not StallKind.IDLE:
                 request = s.request
@@ -251,6 +265,9 @@ class PhoneTrace:
                 (segs[i].kind == "kernel" and segs[i].graph == graph)
                 or segs[i].stall is StallKind.INTER_KERNEL
             ):
+                if i >= next_pause:
+                    pause()  # type: ignore[misc]
+                    next_pause = i + BUILD_PAUSE_EVERY
                 k = segs[i]
                 i += 1
                 if k.kind != "kernel":

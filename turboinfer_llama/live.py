@@ -255,7 +255,7 @@ class SimulatedAccount:
         dev: Any = self.device if pause is None else _Gated(self.device, pause)
         shadow: Any = self.shadow if pause is None else _Gated(self.shadow, pause)
         try:
-            trace = PhoneTrace.build(req, profile)
+            trace = PhoneTrace.build(req, profile, pause=pause)
             t1 = time.thread_time_ns()
             switches = trace.place([t for t, _ in issued], [hz for _, hz in issued])
             if self._device_governs:  # the loop issues nothing: the governor decides
