@@ -34,7 +34,7 @@ def phone_sampling_stall(ms: float = 10.0) -> LogitsProcessorList:
 
     This x86 host decodes gemma in 3-4 ms per token, 5-8x faster than a phone (~25 ms,
     of which ~7 ms sampling on its CPU; BRIEF.md). tmpc solves the next graph's plan
-    inside the sampling stall (~3.5 ms of planner CPU here, issue 11); with the host's
+    inside the sampling stall (~1.2-1.6 ms of planner CPU here, issue 11); with the host's
     ~1 ms stall most plans would land after their graph, which a phone's stall avoids.
     The switches are still counted on the device side."""
 
