@@ -25,8 +25,10 @@ from turboinfer_llama.control.synthetic import make_trace
 from turboinfer_llama.devices import open_device
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 
-# measured worst excess over the slack (graph granularity, adreno640): +0.47 point;
-# the issue's target is +0.2 (open in issue 13)
+# the issue's target is +0.2 point (open in issue 13): on a synthetic grid (4 profiles,
+# both granularities, slack 0/2/5%) the worst excess is +0.04 point since tmpc learns
+# its slowdown gain, but a 40-example run of the property test below at +0.2 found a
+# generated profile over it (shrinking did not finish), so the bound here stays wider
 TOLERANCE = 0.006
 PROFILES = ("adreno650", "adreno640", "mali-g76", "generic")
 
