@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .accounting import PhoneTrace, Switches, applied_energy, default_shadow
 from .control.factory import for_device, make_controller
@@ -36,6 +36,9 @@ from .devices.sim import SimGpu
 from .engine.events import Event, StallKind
 from .engine.segments import Segment
 from .settings import PowerSettings
+
+if TYPE_CHECKING:
+    from .control.governor import Governor
 
 log = logging.getLogger("turboinfer_llama")
 
@@ -77,7 +80,41 @@ class _Gated:
         return self._dev.run_batch(*args, **kwargs)
 
 
-class SimulatedAccount:
+class _EngineCalls:
+    """The engine thread's calls, passed straight to the live loop (cheap): one list
+    for both the simulated and the real device."""
+
+    _governor: Governor
+
+    def on_event(self, event: Event) -> None:
+        self._governor.on_event(event)
+
+    def on_decode_begin(self, graph: int) -> None:
+        self._governor.on_decode_begin(graph)
+
+    def compute_begin(self) -> None:
+        self._governor.compute_begin()
+
+    def compute_done(self) -> None:
+        self._governor.compute_done()
+
+    def entering_decode(self, n_tokens: int) -> None:
+        self._governor.entering_decode(n_tokens)
+
+    def engine_idle(self) -> None:
+        self._governor.engine_idle()
+
+    def graph_end(self) -> None:
+        self._governor.graph_end()
+
+    def on_decode_end(self, raw: Any, **kw: Any) -> None:
+        self._governor.on_decode_end(raw, **kw)
+
+    def bind_hook(self, hook: Any) -> None:
+        self._governor.bind_hook(hook)
+
+
+class SimulatedAccount(_EngineCalls):
     """The live loop on a recording executor, and the simulated accounting of what it
     did: each finished request's recorded timeline, on the phone's host model, under
     the switches the loop actually issued (``accounting.applied_energy``) and under
@@ -121,6 +158,7 @@ class SimulatedAccount:
             granularity=settings.granularity,
             native=settings.native_hooks,
         ).start()
+        self._governor = self.loop
         self.replay_check = settings.replay_check if replay_check is None else replay_check
         self.pass_through = make_controller(settings.controller, **kw)
         self.applied_j = 0.0
@@ -148,34 +186,6 @@ class SimulatedAccount:
         self.last_error: str | None = None
         self._final: dict[str, Any] | None = None
         self._published: dict[str, Any] = self._figures()
-
-    # -- the live loop (engine thread; cheap) --
-    def on_event(self, event: Event) -> None:
-        self.loop.on_event(event)
-
-    def on_decode_begin(self, graph: int) -> None:
-        self.loop.on_decode_begin(graph)
-
-    def compute_begin(self) -> None:
-        self.loop.compute_begin()
-
-    def compute_done(self) -> None:
-        self.loop.compute_done()
-
-    def entering_decode(self, n_tokens: int) -> None:
-        self.loop.entering_decode(n_tokens)
-
-    def engine_idle(self) -> None:
-        self.loop.engine_idle()
-
-    def graph_end(self) -> None:
-        self.loop.graph_end()
-
-    def on_decode_end(self, raw: Any, **kw: Any) -> None:
-        self.loop.on_decode_end(raw, **kw)
-
-    def bind_hook(self, hook: Any) -> None:
-        self.loop.bind_hook(hook)
 
     def add(self, segments: list[Segment]) -> None:
         with self._lock:
@@ -451,7 +461,7 @@ def _split_requests(segments: list[Segment]) -> list[list[Segment]]:
     return [p for p in parts if p]
 
 
-class RealDeviceControl:
+class RealDeviceControl(_EngineCalls):
     """The controller acting on real hardware at event boundaries.
 
     ``owns_device``: close (and so restore) the device on ``close()``; False when the
@@ -478,6 +488,7 @@ class RealDeviceControl:
         self.governor = Governor(
             ctrl, device, granularity=settings.granularity, native=settings.native_hooks
         ).start()
+        self._governor = self.governor
         if settings.clock_standin:
             # tests and benchmarks only; the executor refuses hardware actuators, and
             # Llama refuses it when a layer runs on a GPU (llama.py)
@@ -490,33 +501,6 @@ class RealDeviceControl:
             except BaseException:
                 self.governor.close()
                 raise
-
-    def on_event(self, event: Event) -> None:
-        self.governor.on_event(event)
-
-    def on_decode_begin(self, graph: int) -> None:
-        self.governor.on_decode_begin(graph)
-
-    def compute_begin(self) -> None:
-        self.governor.compute_begin()
-
-    def compute_done(self) -> None:
-        self.governor.compute_done()
-
-    def entering_decode(self, n_tokens: int) -> None:
-        self.governor.entering_decode(n_tokens)
-
-    def engine_idle(self) -> None:
-        self.governor.engine_idle()
-
-    def graph_end(self) -> None:
-        self.governor.graph_end()
-
-    def on_decode_end(self, raw: Any, **kw: Any) -> None:
-        self.governor.on_decode_end(raw, **kw)
-
-    def bind_hook(self, hook: Any) -> None:
-        self.governor.bind_hook(hook)
 
     def summary(self, settle: bool = True) -> dict[str, Any]:
         """Live figures (nothing to settle: ``settle`` is accepted for symmetry)."""

@@ -469,7 +469,9 @@ class TubeMPC:
         worst = max(2.0 * step, 0.25 * float(tpl.graph_ns[seen]) * ratio)
         return seen - 1 if banked >= worst else seen
 
-    def _probe_due(self, phase: str) -> bool:
+    def probe_due(self, phase: str) -> bool:
+        """A graph of ``phase`` is due to run wholly at the top level (the latency
+        reference's probe, every ``PROBE_EVERY`` graphs)."""
         return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
 
     # ---- the optimisation -----------------------------------------------------------
@@ -518,7 +520,7 @@ class TubeMPC:
         self.solves += 1
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
-        if tpl is None or self._probe_due("decode"):
+        if tpl is None or self.probe_due("decode"):
             # nothing to predict from yet, or the reference's top-level probe is due
             lv = self.top
             return Plan(

@@ -126,7 +126,7 @@ class ZttQLearning:
             self._probing = False
             self._prev = None
             return Decision(self.levels[self.level], t, "ztt")
-        if self._ref._probe_due("decode"):
+        if self._ref.probe_due("decode"):
             # the latency reference's top-level probe (as TMPC's): one step at the top,
             # outside learning
             self._probing = True
