@@ -91,7 +91,7 @@ def _ptr(a: np.ndarray) -> int:
     ctypes' buffer view (~0.4 us); numpy's own (``a.ctypes.data``) costs ~2-3 us, and
     a graph's passes take ~15 pointers."""
     if a.flags.writeable and a.flags.c_contiguous and a.size:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
     return a.ctypes.data  # type: ignore[no-any-return]
 
 
@@ -268,8 +268,8 @@ def observe(
     x = features_numpy(c_ns, m_ns, launch, f, theta, f_max_hz, coupling_hz, extra)
     top = len(levels_hz) - 1
     idx = np.minimum(np.searchsorted(levels_hz, f * 0.999), top)
-    level_ns = np.bincount(idx, weights=ends - starts, minlength=len(levels_hz))
-    return Observation(x, level_ns.astype(np.float64), float(f.min()) if len(f) else 0.0)
+    per_level = np.bincount(idx, weights=ends - starts, minlength=len(levels_hz))
+    return Observation(x, per_level.astype(np.float64), float(f.min()) if len(f) else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
