@@ -338,3 +338,51 @@ int ti_plan_block_levels(const double *block_energy, const double *block_ns,
 	*used_ns = tot;
 	return 1;
 }
+
+int ti_plan_rls(const double *theta, const double *P, const double *x, double y_ns,
+		double forget, const double *th_min, double th_max, double p0_trace,
+		double *theta_out, double *P_out, double *err)
+{
+	enum { N = TI_PLAN_THETA };
+	double xs[N], px[N], k[N], den = 0.0, fit = 0.0, inv, tr = 0.0;
+	size_t i, j;
+
+	if (!theta || !P || !x || !th_min || !theta_out || !P_out || !err ||
+	    !(y_ns > 0.0) || !(forget > 0.0))
+		return TI_PLAN_EINVAL;
+	for (i = 0; i < N; i++)
+		xs[i] = x[i] / y_ns;
+	for (i = 0; i < N; i++) {
+		px[i] = 0.0;
+		for (j = 0; j < N; j++)
+			px[i] += P[i * N + j] * xs[j];
+	}
+	for (i = 0; i < N; i++) {
+		den += xs[i] * px[i];
+		fit += xs[i] * theta[i];
+	}
+	den += forget;
+	*err = 1.0 - fit;
+	for (i = 0; i < N; i++) {
+		double v;
+
+		k[i] = px[i] / den;
+		v = theta[i] + k[i] * *err;
+		v = v > th_min[i] ? v : th_min[i];
+		theta_out[i] = v < th_max ? v : th_max;
+	}
+	inv = 1.0 / forget;
+	for (i = 0; i < N; i++) {
+		for (j = 0; j < N; j++)
+			P_out[i * N + j] = (P[i * N + j] - k[i] * px[j]) * inv;
+		tr += P_out[i * N + i];
+	}
+	/* bound covariance windup in directions no observation excites */
+	if (tr > p0_trace) {
+		double scale = p0_trace / tr;
+
+		for (i = 0; i < N * N; i++)
+			P_out[i] *= scale;
+	}
+	return TI_PLAN_OK;
+}

@@ -114,6 +114,17 @@ TI_API int ti_plan_block_levels(const double *block_energy, const double *block_
 				size_t n_blocks, size_t n_levels, const double *prices,
 				size_t n_prices, double cap_ns, int64_t *levels, double *used_ns);
 
+/*
+ * One step of recursive least squares with forgetting on the time model
+ * (model.PhaseModel.update): regressors x (TI_PLAN_THETA) took y_ns, the row scaled by
+ * 1 / y_ns; theta is bounded to [th_min, th_max] and the covariance's trace to
+ * p0_trace. Reads theta, P (TI_PLAN_THETA squared, row-major); writes theta_out,
+ * P_out (may not alias the inputs) and *err (the relative residual before the step).
+ */
+TI_API int ti_plan_rls(const double *theta, const double *P, const double *x, double y_ns,
+		       double forget, const double *th_min, double th_max, double p0_trace,
+		       double *theta_out, double *P_out, double *err);
+
 /* sizeof(struct ti_plan_nodes), checked from Python. */
 TI_API size_t ti_plan_nodes_size(void);
 

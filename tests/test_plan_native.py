@@ -171,3 +171,27 @@ def test_tmpc_replay_same_with_either(monkeypatch, granularity, profile):
     assert native.energy_j == pytest.approx(numpy_.energy_j, rel=1e-9)
     assert native.tpot_ms == pytest.approx(numpy_.tpot_ms, rel=1e-9)
     assert native.ttft_ms == pytest.approx(numpy_.ttft_ms, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 100_000), forget=st.floats(0.8, 1.0))
+def test_rls_matches_numpy_over_a_run(seed, forget):
+    """Fifty steps from the same prior stay equal to rounding (the residual, the
+    bounded estimate and the trace-bounded covariance)."""
+    rng = np.random.default_rng(seed)
+    th_min = np.array([0.05, 0.05, 0.05, 0.05, 0.0])
+    p0 = np.diag([0.5, 0.5, 0.05, 0.5, 0.1])
+    state = {nat: (np.array([1.0, 1.0, 0.2, 3.0, 0.0]), p0.copy()) for nat in (True, False)}
+    for _ in range(50):
+        x = rng.lognormal(12, 1.5, 5) * (rng.random(5) > 0.2)
+        y = float(x @ rng.uniform(0.2, 4.0, 5)) * rng.lognormal(0, 0.1) + 1.0
+        out = {}
+        for nat, (theta, P) in state.items():
+            out[nat] = pn.rls_step(theta, P, x, y, forget, th_min, 20.0, 1.65, native=nat)
+        np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-7, atol=1e-12)
+        assert out[True][2] == pytest.approx(out[False][2], rel=1e-7, abs=1e-12)
+        state = {nat: (o[0], o[1]) for nat, o in out.items()}
+    theta = state[True][0]
+    assert (theta >= th_min).all() and (theta <= 20.0).all()
+    assert np.trace(state[True][1]) <= 1.65 + 1e-9

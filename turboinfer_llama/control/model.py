@@ -29,7 +29,7 @@ import numpy as np
 
 from ..devices.base import Counters
 from ..engine.graph import REF_BYTES_PER_S, REF_OPS_PER_S
-from .plan_native import coupling_of, features_numpy, kernel_times_numpy
+from .plan_native import coupling_of, features_numpy, kernel_times_numpy, rls_step
 
 # The floor term th_o is in units of 1 us (plan_native.LAUNCH_NS). Its prior ``th_o =
 # 3`` (3 us) is a typical mobile-GPU minimum kernel time; it must not start far below
@@ -206,18 +206,9 @@ class PhaseModel:
         move the estimate alike."""
         if y_ns <= 0:
             return
-        self._th()
-        x = x / y_ns
-        P = self.P
-        px = P @ x
-        k = px / (self.forget + float(x @ px))
-        err = 1.0 - float(x @ self.theta)
-        self.theta = np.minimum(np.maximum(self.theta + k * err, _TH_MIN), 20.0)
-        P = (P - k[:, None] * px[None, :]) * (1.0 / self.forget)
-        # Bound covariance windup in directions no observation excites (scaling keeps
-        # P positive definite).
-        tr, tr0 = float(P.trace()), self._p0_trace
-        self.P = P * (tr0 / tr) if tr > tr0 else P
+        self.theta, self.P, err = rls_step(
+            self._th(), self.P, x, y_ns, self.forget, _TH_MIN, 20.0, self._p0_trace
+        )
         self.n_obs += 1
         self.last_residual = err
 

@@ -66,6 +66,8 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
         lib.ti_plan_horizon.argtypes = [vp, vp, sz, sz, vp, dbl, dbl, i64p, vp]
         lib.ti_plan_block_levels.restype = ctypes.c_int
         lib.ti_plan_block_levels.argtypes = [vp, vp, sz, sz, vp, sz, dbl, i64p, vp]
+        lib.ti_plan_rls.restype = ctypes.c_int
+        lib.ti_plan_rls.argtypes = [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]
     except (OSError, AttributeError) as e:
         return None, f"cannot load the planner's passes from {path}: {e}"
     if lib.ti_plan_nodes_size() != ctypes.sizeof(_Nodes):
@@ -405,3 +407,43 @@ def block_levels(
     if rc < 0:
         raise ValueError(f"ti_plan_block_levels rejected its arguments ({rc})")
     return (levels, float(used.value)) if rc == 1 else None
+
+
+def rls_step(
+    theta: np.ndarray,
+    P: np.ndarray,
+    x: np.ndarray,
+    y_ns: float,
+    forget: float,
+    th_min: np.ndarray,
+    th_max: float,
+    p0_trace: float,
+    *,
+    native: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """One recursive-least-squares step with forgetting (``PhaseModel.update``):
+    regressors ``x`` took ``y_ns``, the row scaled by ``1/y_ns``. Returns new (theta,
+    P, residual before the step); the inputs are not changed."""
+    n = len(theta)
+    if (NATIVE if native is None else native) and _LIB is not None and n == 5:
+        th, p, xx = _f64(theta), _f64(P), _f64(x)
+        theta_out, p_out = np.empty(5), np.empty((5, 5))
+        err = ctypes.c_double()
+        rc = _LIB.ti_plan_rls(
+            _ptr(th), _ptr(p), _ptr(xx), float(y_ns), float(forget), _ptr_kept(th_min),
+            float(th_max), float(p0_trace), _ptr(theta_out), _ptr(p_out),
+            ctypes.addressof(err),
+        )  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"ti_plan_rls rejected its arguments ({rc})")
+        return theta_out, p_out, float(err.value)
+    xs = x / y_ns
+    px = P @ xs
+    k = px / (forget + float(xs @ px))
+    err_f = 1.0 - float(xs @ theta)
+    new_theta = np.minimum(np.maximum(theta + k * err_f, th_min), th_max)
+    new_p = (P - k[:, None] * px[None, :]) * (1.0 / forget)
+    # bound covariance windup in directions no observation excites (scaling keeps P
+    # positive definite)
+    tr = float(new_p.trace())
+    return new_theta, (new_p * (p0_trace / tr) if tr > p0_trace else new_p), err_f
