@@ -91,6 +91,8 @@ PROBE_EVERY = 24
 PROBES_KEPT = 3  # the reference is the median of this many recent probes
 # bounds of the learnt ratio of measured to planned slowdown
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
+# a plan teaches the gain when it planned at least this slowdown (share of the top)
+GAIN_MIN_PLANNED = 0.005
 
 
 class TubeMPC:
@@ -350,7 +352,7 @@ class TubeMPC:
             if pred is not None and pred[0] == g.n and pred[1] > 0:
                 self.rel_err.update(abs(measured - pred[1]) / max(measured, 1.0))
                 top_ns = pred[2]
-                if pred[1] - top_ns > 0.02 * top_ns:
+                if pred[1] - top_ns > GAIN_MIN_PLANNED * top_ns:
                     # a plan below the top: its slowdown measured against planned
                     gain = (measured - top_ns) / (pred[1] - top_ns)
                     gain = min(max(gain, SLOWDOWN_GAIN_MIN), SLOWDOWN_GAIN_MAX)
@@ -529,18 +531,22 @@ class TubeMPC:
         droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
-        energy = np.tile(tpl.energy_j + stall_e, (nc, 1))
+        energy_1 = tpl.energy_j + stall_e
         lowest = self._lowest_allowed("decode", tpl)
-        energy[:, :lowest] = np.inf
-        block_e = tpl.block_energy_j.copy()
-        block_e[:, :lowest] = np.inf
+        block_e = tpl.block_energy_j
+        if lowest:
+            energy_1[:lowest] = np.inf
+            block_e = block_e.copy()
+            block_e[:, :lowest] = np.inf
+        # every graph of the horizon has the template's tables (read-only views)
+        energy = np.broadcast_to(energy_1, (nc, self.n_levels))
         # plans below the top have lately slowed their graphs this many times what
         # was planned (a model shape error at the levels used, switches landing later
         # than planned): the solve scales every slowdown by it, so the same debt is
         # not borrowed again graph after graph
         k = self._slow_gain
         top_col = tpl.graph_ns[self.top]
-        time_ns = np.tile(top_col + k * (tpl.graph_ns - top_col), (nc, 1))
+        time_ns = np.broadcast_to(top_col + k * (tpl.graph_ns - top_col), (nc, self.n_levels))
         block_ns = tpl.block_ns[:, self.top : self.top + 1]
         block_ns = block_ns + k * (tpl.block_ns - block_ns)
         d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc
