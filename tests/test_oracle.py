@@ -195,10 +195,8 @@ def test_dual_bound_brackets_the_true_optimum():
         targets = {"ttft": float(tgt[0]), "tpot": float(tgt[1])}
         seg, bound = o._solve(targets)
 
-        def energy(path):
-            return float(e[np.arange(n), path].sum()) + o.switch_j * float(
-                np.count_nonzero(np.diff(path))
-            )
+        def energy(path, e=e, n=n, sw=o.switch_j):
+            return float(e[np.arange(n), path].sum()) + sw * float(np.count_nonzero(np.diff(path)))
 
         assert np.all(o._group_t(seg) <= tgt + 1e-9)
         best = math.inf

@@ -186,7 +186,9 @@ def latency_windows(trace: Any) -> tuple[list[str | None], int, int]:
     return win, n_req, n_gaps
 
 
-def dwell_segments(t_min_ns: np.ndarray, step: np.ndarray, is_stall: np.ndarray, min_ns: float) -> np.ndarray:
+def dwell_segments(
+    t_min_ns: np.ndarray, step: np.ndarray, is_stall: np.ndarray, min_ns: float
+) -> np.ndarray:
     """Cut the blocks into segments, each at least ``min_ns`` long at its fastest
     (the first index of each segment). A level holds for a whole segment, so no two
     switches land closer than ``min_ns``. Every stall is a piece of its own, each graph
@@ -209,14 +211,13 @@ def dwell_segments(t_min_ns: np.ndarray, step: np.ndarray, is_stall: np.ndarray,
         if is_stall[i] or j - i == 1:
             starts.append(i)
             durs.append(float(t_min_ns[i:j].sum()))
-        else:
-            acc = 0.0
+        else:  # a graph: pieces of at least min_ns, cut at block boundaries
             first = len(starts)
+            cut, acc = i, 0.0
             for k in range(i, j):
-                if acc >= min_ns or k == i:
-                    if k != i:
-                        starts.append(cut)
-                        durs.append(acc)
+                if acc >= min_ns:
+                    starts.append(cut)
+                    durs.append(acc)
                     cut, acc = k, 0.0
                 acc += float(t_min_ns[k])
             if acc < min_ns and len(starts) > first:
@@ -350,23 +351,25 @@ class Oracle:
         self._seg_len = np.diff(np.append(self.seg_start, n_blocks))
         self.switch_j = float(getattr(self._profile, "switch_energy_j", 0.0) or 0.0)
         # each block's budget group (a window or a phase); others are free
-        group_of_step = (
-            window if by_window else [getattr(s, "phase", None) for s in steps]
-        )
+        group_of_step = window if by_window else [getattr(s, "phase", None) for s in steps]
         self.groups = list(self.budgets_ns)
         block_group = [group_of_step[s] for s in blk.step.tolist()]
         if n_blocks:
             self._seg_e = np.add.reduceat(self.block_e, self.seg_start, axis=0)
-            self._seg_t = np.stack(
-                [
-                    np.add.reduceat(
-                        self.block_t * np.array([q == g for q in block_group])[:, None],
-                        self.seg_start,
-                        axis=0,
-                    )
-                    for g in self.groups
-                ]
-            ) if self.groups else np.zeros((0, len(self.seg_start), n_levels))
+            self._seg_t = (
+                np.stack(
+                    [
+                        np.add.reduceat(
+                            self.block_t * np.array([q == g for q in block_group])[:, None],
+                            self.seg_start,
+                            axis=0,
+                        )
+                        for g in self.groups
+                    ]
+                )
+                if self.groups
+                else np.zeros((0, len(self.seg_start), n_levels))
+            )
         else:
             self._seg_e = np.zeros((0, n_levels))
             self._seg_t = np.zeros((len(self.groups), 0, n_levels))
@@ -379,6 +382,7 @@ class Oracle:
         checked: dict[bytes, Any] = {}
         self.checks = 0
         self.budget_bound: Bound | None = None
+        self.bound: Bound | None = None
         for _ in range(refine + 1):
             seg, bound = self._solve(targets)
             if self.budget_bound is None:
@@ -474,19 +478,19 @@ class Oracle:
             return path, tg
 
         big = np.full(G, 1e3)  # J per ns: the fastest schedule
-        fast, tg_fast = run(big)
+        _, tg_fast = run(big)
         fixed = tg_fast > tgt  # out of reach even flat out: held at the fastest
         lo = np.where(fixed, big, 0.0)
         hi = np.where(fixed, big, 1e-8)
         for _ in range(40):
-            path, tg = run(hi)
+            _, tg = run(hi)
             over = (tg > tgt) & ~fixed
             if not over.any():
                 break
             hi[over] *= 4.0
         for _ in range(36):
             mid = np.where(fixed, big, 0.5 * (lo + hi))
-            path, tg = run(mid)
+            _, tg = run(mid)
             ok = tg <= tgt
             hi = np.where(ok & ~fixed, mid, hi)
             lo = np.where(~ok & ~fixed, mid, lo)
@@ -569,7 +573,6 @@ class Oracle:
         dev = device if device is not None else self._factory()
         return scheduled_energy(self.trace, dev, self.plan_schedule())
 
-
     def plan_schedule(self) -> Any:
         """The schedule as ``accounting.Schedule`` (issue times on the oracle's clock and
         every step's predicted start)."""
@@ -630,9 +633,7 @@ class Oracle:
         k_ns = np.empty(len(step.flops))
         for h in np.unique(hz):
             m = hz == h
-            k_ns[m] = np.rint(
-                p.kernel_ns_array(step.flops[m], step.bytes_[m], int(h), self._share)
-            )
+            k_ns[m] = np.rint(p.kernel_ns_array(step.flops[m], step.bytes_[m], int(h), self._share))
         t0 = float(self._step_ns[si]) + self._wake_ns[si]  # a wake-up delays the graph
         return t0 + np.cumsum(step.gaps_ns + k_ns) - k_ns
 
