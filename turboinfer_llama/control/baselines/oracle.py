@@ -72,13 +72,14 @@ class _Blocks:
     inner: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _blocks(trace: Any, dev: Any) -> _Blocks:
+def _blocks(trace: Any, dev: Any, step_share: np.ndarray | None = None) -> _Blocks:
     """The trace's blocks, as ``accounting`` runs it: every stall step is one block, a
     graph step one block per run of kernels of one layer. A kernel's host gap belongs to
     the block before it (the level in effect while the host enqueues), the graph's
     first gap and any wake-up from slumber to its first block. The energy includes
     the DRAM traffic's (the same at every level), so modelled totals compare with the
-    accounting's."""
+    accounting's. ``step_share``: the bandwidth share other apps leave, per step
+    (default: the device's, throughout)."""
     levels = [int(h) for h in dev.frequencies_hz()]
     p = dev.profile
     share = 1.0 - float(getattr(dev, "background_share", 0.0))
@@ -114,7 +115,8 @@ def _blocks(trace: Any, dev: Any) -> _Blocks:
         n = len(f)
         layers = step.layers if step.layers is not None else np.zeros(n, dtype=np.int64)
         starts = np.concatenate(([0], np.flatnonzero(np.diff(layers)) + 1))
-        k_ns = np.stack([np.rint(p.kernel_ns_array(f, b, h, share)) for h in levels], axis=1)
+        sh = share if step_share is None else float(step_share[si])
+        k_ns = np.stack([np.rint(p.kernel_ns_array(f, b, h, sh)) for h in levels], axis=1)
         busy = np.add.reduceat(k_ns, starts, axis=0)  # blocks x levels
         awake = np.minimum(g, timeout)
         awake[0] = max(0.0, min(g[0], timeout - idle_for))
@@ -327,8 +329,16 @@ class Oracle:
         self.levels = dev.frequencies_hz()
         self.s_ns = dev.capabilities.switch_latency_ns
         self._profile = dev.profile
-        self._share = 1.0 - float(getattr(dev, "background_share", 0.0))
-        blk = _blocks(self.trace, dev)
+        self._dev = dev
+        n_steps = len(self.trace.steps)
+        self._step_share = np.full(n_steps, 1.0 - float(getattr(dev, "background_share", 0.0)))
+        # other apps' load changing at set times (the sweep's mid-run load): the share in
+        # effect where the schedule puts each step (SimGpu keeps them as device times)
+        t_dev0 = float(dev.now_ns()) if hasattr(dev, "now_ns") else 0.0
+        self._loads = [
+            (float(t) - t_dev0, 1.0 - float(sh)) for t, sh in getattr(dev, "_load_changes", ())
+        ]
+        blk = _blocks(self.trace, dev, self._step_share)
         self._step_block = blk.first_block
         self._wake_ns = blk.wake_ns
         self._block_kernel_block, self._block_kernel, self._block_gap = blk.inner
@@ -354,25 +364,10 @@ class Oracle:
         group_of_step = window if by_window else [getattr(s, "phase", None) for s in steps]
         self.groups = list(self.budgets_ns)
         block_group = [group_of_step[s] for s in blk.step.tolist()]
-        if n_blocks:
-            self._seg_e = np.add.reduceat(self.block_e, self.seg_start, axis=0)
-            self._seg_t = (
-                np.stack(
-                    [
-                        np.add.reduceat(
-                            self.block_t * np.array([q == g for q in block_group])[:, None],
-                            self.seg_start,
-                            axis=0,
-                        )
-                        for g in self.groups
-                    ]
-                )
-                if self.groups
-                else np.zeros((0, len(self.seg_start), n_levels))
-            )
-        else:
-            self._seg_e = np.zeros((0, n_levels))
-            self._seg_t = np.zeros((len(self.groups), 0, n_levels))
+        self._group_mask = np.array(
+            [[q == g for g in self.groups] for q in block_group], dtype=bool
+        ).reshape(n_blocks, len(self.groups))
+        self._aggregate()
 
         # solve, check by the accounting, move each group's target by the model's
         # error there; keep the cheapest checked schedule within budget
@@ -385,6 +380,13 @@ class Oracle:
         self.bound: Bound | None = None
         for _ in range(refine + 1):
             seg, bound = self._solve(targets)
+            for _ in range(3 if self._loads else 0):  # the loads where this schedule runs
+                self._set(seg)
+                shares = self._shares_at(self._step_ns)
+                if np.allclose(shares, self._step_share):
+                    break
+                self._rebuild(shares)
+                seg, bound = self._solve(targets)
             if self.budget_bound is None:
                 self.budget_bound = bound  # the dual at the true budget
             self._set(seg)
@@ -433,6 +435,37 @@ class Oracle:
         self.time_ns = float(self.block_t[rows, self.schedule].sum())
 
     # ---- the model and its solve ---------------------------------------------------
+
+    def _aggregate(self) -> None:
+        """Segment energy and per-group time (segments x levels) from the blocks'."""
+        n_blocks, n_levels = self.block_t.shape
+        G = len(self.groups)
+        if not n_blocks:
+            self._seg_e = np.zeros((0, n_levels))
+            self._seg_t = np.zeros((G, 0, n_levels))
+            return
+        self._seg_e = np.add.reduceat(self.block_e, self.seg_start, axis=0)
+        self._seg_t = np.zeros((G, len(self.seg_start), n_levels))
+        for gi in range(G):
+            masked = self.block_t * self._group_mask[:, gi, None]
+            self._seg_t[gi] = np.add.reduceat(masked, self.seg_start, axis=0)
+
+    def _shares_at(self, step_ns: np.ndarray) -> np.ndarray:
+        """The bandwidth share in effect at each step's predicted start."""
+        out = self._step_share.copy()
+        if not self._loads:
+            return out
+        base = 1.0 - float(getattr(self._dev, "background_share", 0.0))
+        times = np.array([t for t, _ in self._loads])
+        vals = np.array([base] + [v for _, v in self._loads])
+        return vals[np.searchsorted(times, step_ns, side="right")]
+
+    def _rebuild(self, shares: np.ndarray) -> None:
+        """The blocks again with these per-step shares (same blocks, new times)."""
+        self._step_share = shares
+        blk = _blocks(self.trace, self._dev, shares)
+        self.block_t, self.block_e = blk.t_ns, blk.energy_j
+        self._aggregate()
 
     def _set(self, seg: np.ndarray) -> None:
         """Make ``seg`` (a level per segment) the schedule, block by block."""
@@ -633,7 +666,11 @@ class Oracle:
         k_ns = np.empty(len(step.flops))
         for h in np.unique(hz):
             m = hz == h
-            k_ns[m] = np.rint(p.kernel_ns_array(step.flops[m], step.bytes_[m], int(h), self._share))
+            k_ns[m] = np.rint(
+                p.kernel_ns_array(
+                    step.flops[m], step.bytes_[m], int(h), float(self._step_share[si])
+                )
+            )
         t0 = float(self._step_ns[si]) + self._wake_ns[si]  # a wake-up delays the graph
         return t0 + np.cumsum(step.gaps_ns + k_ns) - k_ns
 
