@@ -154,6 +154,7 @@ def replay_all(
     intervals: dict[str, list[Any]],
     progress: Progress | None = None,
     accounting: dict[str, Any] | None = None,
+    oracle_bound: dict[str, Any] | None = None,
 ) -> None:
     """Fill ``results`` (and ``intervals`` for the plot) controller by controller, so
     an interrupt keeps every finished controller. ``default`` and the offline
@@ -163,12 +164,13 @@ def replay_all(
     controllers are replayed closed-loop. With ``accounting`` (a dict to fill), each
     replayed controller's issued switches are also accounted by the arrays-based pass
     (``accounting.applied_energy``; ``default_shadow`` for default) and compared with
-    the replay: its CPU cost per token and its largest deviation."""
+    the replay: its CPU cost per token and its largest deviation. ``oracle_bound`` (a
+    dict to fill): the oracle's Lagrangian dual bound and optimality gap."""
     issued: dict[str, list[tuple[int, int]]] = {}
     for i, name in enumerate(cfg.controllers):
         dev = _open_sim(cfg.device, record_intervals=name in ("default", "tmpc"))
         try:
-            acc = _accounted(cfg, name, segments, dev)
+            acc = _accounted(cfg, name, segments, dev, oracle_bound)
             if acc is not None:
                 results[name] = acc
                 if dev.record_intervals:
@@ -198,7 +200,11 @@ def replay_all(
 
 
 def _accounted(
-    cfg: BenchConfig, name: str, segments: list[Segment], dev: Any
+    cfg: BenchConfig,
+    name: str,
+    segments: list[Segment],
+    dev: Any,
+    oracle_bound: dict[str, Any] | None = None,
 ) -> ReplayResult | None:
     """``default`` or an offline controller figured by the arrays-based accounting on
     ``dev`` (a fresh simulator), or None for a controller that is replayed (a live
@@ -221,6 +227,8 @@ def _accounted(
         )
         # its own figures; run again on ``dev`` only where the plot wants its intervals
         acc = ctrl.account(dev if dev.record_intervals else None)
+        if oracle_bound is not None and hasattr(ctrl, "bound_summary"):
+            oracle_bound.update(ctrl.bound_summary())
     trace = PhoneTrace.shared(segments, dev.profile)
     return result_of_account(name, dev.name, acc, len(set(trace.request_begin.values())))
 
@@ -618,6 +626,7 @@ def run_bench(
     segments: list[Segment] = []
     live_figs: dict[str, Any] | None = None
     accounting: dict[str, Any] = {}
+    oracle_bound: dict[str, Any] = {}
     interrupted = False
     try:
         if cfg.replay:
@@ -635,7 +644,15 @@ def run_bench(
         segments = segments_of(events)
         if not any(s.kind == "kernel" for s in segments):
             raise BenchError("the trace has no kernels to replay")
-        replay_all(cfg, phone_trace(cfg.device, segments), results, intervals, progress, accounting)
+        replay_all(
+            cfg,
+            phone_trace(cfg.device, segments),
+            results,
+            intervals,
+            progress,
+            accounting,
+            oracle_bound,
+        )
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:
@@ -644,5 +661,8 @@ def run_bench(
     if not cfg.timing:  # keep the JSON byte-reproducible: drop the CPU-time figures
         accounting = {k: v for k, v in accounting.items() if not k.endswith("_per_token")}
     report["accounting"] = accounting or None
+    # the oracle's Lagrangian dual bound (simulated, on its segment model): its
+    # optimality gap
+    report["oracle_bound"] = oracle_bound or None
     report["interrupted"] = interrupted
     return BenchOutcome(report, results, segments, intervals, interrupted)
