@@ -47,7 +47,9 @@ the start of the sampling stall:
   systematic error in the slowdown (the model's shape at the levels used, switches
   landing later than planned) is learnt instead: plans below the top keep the ratio of
   measured to planned slowdown (``_slow_gain``, an EWMA bounded 0.5-4), and the solve
-  scales every level's slowdown by it.
+  scales every level's slowdown by it, widened by the upper quantile of how far recent
+  graphs overran the gain they were planned with (``_gain_err``): when the model is
+  unsure, spend less saving, not more latency.
 * Inside the next graph, per-block levels (about one block per layer) share the time
   the horizon leaves it (``tmpc_solver.block_levels``). Block switches are keyed by
   node ordinal where the callback sees node boundaries during compute (``layer``,
@@ -160,6 +162,9 @@ class TubeMPC:
         # (nodes, compute ns, the same graph's ns at the top level) planned next
         self._predicted: tuple[int, float, float] | None = None
         self._slow_gain = 1.0  # recent measured / planned slowdown of plans below the top
+        # measured / (gain x planned) slowdown of recent plans: its upper quantile widens
+        # the tube where the gain alone has not been enough
+        self._gain_err = StallStats(window=32, quantile=tube_quantile, prior_ns=1.0)
         self._last_graph_phase = "idle"
         # latency (debt, reference elapsed) per phase: prefill per request (TTFT),
         # decode over every request of the run (TPOT is a mean over the run)
@@ -356,6 +361,8 @@ class TubeMPC:
                     # a plan below the top: its slowdown measured against planned
                     gain = (measured - top_ns) / (pred[1] - top_ns)
                     gain = min(max(gain, SLOWDOWN_GAIN_MIN), SLOWDOWN_GAIN_MAX)
+                    # how far this graph's slowdown exceeded the gain it was planned with
+                    self._gain_err.update(gain / self._slow_gain)
                     self._slow_gain = 0.7 * self._slow_gain + 0.3 * gain
             self._predicted = None
             busy = self._graph_busy
@@ -544,7 +551,7 @@ class TubeMPC:
         # was planned (a model shape error at the levels used, switches landing later
         # than planned): the solve scales every slowdown by it, so the same debt is
         # not borrowed again graph after graph
-        k = self._slow_gain
+        k = self._slow_gain * max(1.0, self._gain_err.estimate().upper_ns)
         top_col = tpl.graph_ns[self.top]
         time_ns = np.broadcast_to(top_col + k * (tpl.graph_ns - top_col), (nc, self.n_levels))
         block_ns = tpl.block_ns[:, self.top : self.top + 1]
