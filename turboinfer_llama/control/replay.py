@@ -470,6 +470,7 @@ def replay(
     live_log_cutoff_ns: Mapping[int, int] | None = None,
     graph_inputs_ns: Mapping[int, int] | None = None,
     plans_dropped: Collection[int] | None = None,
+    reference: bool = False,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -536,6 +537,16 @@ def replay(
         r._planned_live = set(plan_delays_ns) | set(plans_dropped or ())
     if plans_dropped is not None:
         r._dropped_live = set(plans_dropped)
+    # the per-graph path: simulator timing on a simulator, no per-node events (offline
+    # controllers), no live log to follow; ``reference`` keeps the per-kernel path
+    per_graph = (
+        not reference
+        and not recorded
+        and gran in ("kernel", "graph")
+        and not r.node_events
+        and live_applied is None
+        and callable(getattr(device, "run_batch", None))
+    )
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
@@ -615,8 +626,170 @@ def replay(
             r.emit(EventKind.NODE_DONE, graph=graph, node=ordinal - 1)
         r.apply_due()
 
+    # ---- the per-graph path: the kernels between two points where something can
+    # happen (a due point of the runner, an ask the executor acts on, a node done its
+    # feedback acts on) run at once on the simulator (``SimGpu.run_batch``); the asks
+    # and dones in between are noted, not called (they would do nothing). Everything
+    # else goes through the per-kernel path above, so both give the same run.
+    kg = gran == "kernel"
+
+    def noted(
+        blk: _Block,
+        p: int,
+        upto: int,
+        t0: int,
+        idx: np.ndarray,
+        gaps: np.ndarray,
+        ends: np.ndarray,
+        p_asked: bool,
+        ask_last: bool,
+    ) -> None:
+        """Items ``p..upto-1`` ran in the batch that began at ``t0`` (launched kernels
+        ``idx``, gaps ``gaps``, completed ones ending at ``ends``): their asks and dones
+        at the times the per-kernel path has them. ``p_asked``: item p was asked before.
+        ``ask_last``: the last one is asked, not done (its done comes next)."""
+        nonlocal ordinal
+        if upto <= p:
+            return
+        js = np.arange(p, upto)
+        m = np.searchsorted(idx, js)  # launched kernels before each item
+        ends_x = np.concatenate(([t0], ends, [-1, -1]))
+        prev = ends_x[m]
+        real = ~blk.noop[p:upto]
+        g = np.concatenate((gaps, [0]))[m]
+        a = np.where(real, prev + g, prev)
+        d = np.where(real, ends_x[np.minimum(m + 1, len(ends) + 1)], prev)
+        if len(ends) < len(idx):  # the launched kernel at index len(ends) is not done
+            d = np.where(real & (m >= len(ends)), -1, d)
+        if ask_last:
+            d[-1] = -1
+        a_l, d_l = a.tolist(), d.tolist()
+        if p_asked:
+            done_ns[-1] = d_l[0]
+            a_l, d_l = a_l[1:], d_l[1:]
+        ask_ns.extend(a_l)
+        done_ns.extend(d_l)
+        last = int(blk.ordinal[upto - 1])
+        ordinal = last + 1
+        r.ex.note_asks(last)
+
+    def fast(blk: _Block, p: int) -> int:
+        """Run items ``p..`` of ``blk``; returns the segment index to go on from."""
+        n = len(blk.first)
+        phase = blk.phase
+        f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+        asked = False  # item p was asked (its kernel is part way)
+        while p < n:
+            r.apply_due()
+            now = device.now_ns()
+            due = r.next_due()
+            cut = r.ex.ask_cut() if kg else None
+            fb = r.ex.feedback_from_ns() if kg else None
+            fb_now = fb is not None and fb <= now
+            if not asked and (
+                blk.slow[p]
+                or (cut is not None and blk.ordinal[p] >= cut)
+                or (blk.noop[p] and fb_now)
+            ):
+                if g_p == int(blk.gap[p]):
+                    return blk.first[p]
+                r.gap(g_p, StallKind.INTER_KERNEL.value, phase)  # the rest of its stalls
+                return blk.kseg[p]
+            if due is not None and due <= now:
+                raise AssertionError(f"replay: due point {due} left behind at {now}")
+            if fb_now or (asked and fb is not None):
+                q = p + 1
+            else:
+                q = int(blk.next_slow[p])
+                if cut is not None:
+                    q = p + int(np.searchsorted(blk.ordinal[p:q], cut))
+                q = max(q, p + 1)
+            stop = due
+            if fb is not None and fb > now:
+                stop = fb if stop is None else min(stop, fb)
+            idx = blk.real[np.searchsorted(blk.real, p) : np.searchsorted(blk.real, q)]
+            gaps = blk.gap[idx]
+            if len(idx) == 0:
+                noted(blk, p, q, now, idx, gaps, gaps, asked, False)
+                p = q
+                if p < n:
+                    f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+                asked = False
+                continue
+            fs, bs = blk.f[idx], blk.b[idx]
+            if idx[0] == p:
+                fs, bs, gaps = fs.copy(), bs.copy(), gaps.copy()
+                fs[0], bs[0], gaps[0] = f_p, b_p, g_p
+            res = device.run_batch(fs, bs, gaps, phase=phase, stop_at_ns=stop)
+            nd = res.n_done
+            ends = np.asarray(res.end_ns[:nd], dtype=np.int64)
+            partial = nd < len(idx)
+            k = int(idx[nd]) if partial else q  # the first item not run through
+            end = int(ends[-1]) if nd else None
+            if end is not None and (
+                (stop is not None and end >= stop) or (fb is not None and end >= fb)
+            ):
+                # its done (and what is due first) can act: the per-kernel path for it,
+                # and for the no-ops after it
+                last = int(idx[nd - 1])
+                if kg:
+                    noted(blk, p, last + 1, now, idx, gaps, ends, asked, True)
+                r.apply_due()
+                if kg:
+                    done()
+                    for j in range(last + 1, k):
+                        ask(segments[blk.kseg[j]])
+                        done()
+                p, asked = k, False
+                if p < n:
+                    f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+                continue
+            if not partial:
+                if kg:
+                    noted(blk, p, q, now, idx, gaps, ends, asked, False)
+                p, asked = q, False
+                if p < n:
+                    f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+                continue
+            started_k = res.work_left < 1.0
+            if kg:
+                noted(blk, p, k + (1 if started_k else 0), now, idx, gaps, ends, asked, started_k)
+            f_k, b_k = float(fs[nd]), float(bs[nd])
+            if started_k:
+                f_p, b_p, g_p = f_k * res.work_left, b_k * res.work_left, 0
+            else:
+                f_p, b_p, g_p = f_k, b_k, int(res.gap_left_ns)
+            asked = started_k or (asked and k == p)
+            p = k
+        return blk.kseg[n - 1] + 1
+
+    entry = (
+        _blocks(
+            segments,
+            gran,
+            int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0),
+        )
+        if per_graph
+        else {}
+    )
+
     rec_end: int | None = None  # recorded end of the previous segment
-    for seg in segments:
+    si = 0
+    n_segs = len(segments)
+    while si < n_segs:
+        seg = segments[si]
+        at = entry.get(si)
+        if at is not None:
+            blk, j = at
+            if (
+                in_graph
+                and graph == blk.graph == started
+                and (blk.request < 0 or blk.request == request)
+                and (not kg or ordinal == blk.ordinal[j])
+            ):
+                si = fast(blk, j)
+                continue
+        si += 1
         if seg.request >= 0 and seg.request != request and seg.stall is not StallKind.IDLE:
             end_request()
             request = seg.request
@@ -682,6 +855,114 @@ def replay(
         {ph: ns - phase_start.get(ph, 0) for ph, ns in device.time_by_phase_ns.items()}
     )
     return res
+
+
+@dataclass
+class _Block:
+    """A run of one graph's kernels (and the inter-kernel stalls between them) that the
+    per-graph path can run with ``SimGpu.run_batch``. Item ``j`` is one kernel with the
+    host gap before it: at kernel granularity every kernel (no-ops too: they are asked
+    and done), at graph granularity the launched ones only (the asks came with the
+    scan; a no-op's stalls join the next kernel's gap, as does the simulator's host
+    submission cost)."""
+
+    graph: int
+    phase: str
+    request: int
+    first: list[int]  # segment index where item j's segments begin (its stalls)
+    kseg: list[int]  # segment index of item j's kernel
+    gap: np.ndarray  # int64: host gap before item j's kernel
+    f: np.ndarray
+    b: np.ndarray
+    noop: np.ndarray  # bool
+    slow: np.ndarray  # bool: item j goes through the per-kernel path
+    ordinal: np.ndarray  # int64: item j's node ordinal in its graph (kernel granularity)
+    real: np.ndarray = field(init=False)  # indices of the launched kernels
+    next_slow: np.ndarray = field(init=False)  # first slow item at or after j (n: none)
+
+    def __post_init__(self) -> None:
+        n = len(self.first)
+        self.real = np.flatnonzero(~self.noop)
+        idx = np.where(self.slow, np.arange(n), n)
+        self.next_slow = np.minimum.accumulate(idx[::-1])[::-1] if n else idx
+
+
+def _blocks(
+    segments: Sequence[Segment], gran: str, submission_ns: int
+) -> dict[int, tuple[_Block, int]]:
+    """Every batchable item by the segment index its segments begin at."""
+    costs: dict[tuple[str, Any], KernelCost] = {}
+    per_graph: dict[int, int] = {}  # kernels of each graph seen so far (ordinals)
+    out: dict[int, tuple[_Block, int]] = {}
+    kernel_gran = gran == "kernel"
+    cur: dict[str, Any] | None = None
+    start = -1  # first segment of the pending item
+    pend_gap = 0
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None and cur["first"]:
+            blk = _Block(
+                cur["graph"],
+                cur["phase"],
+                cur["request"],
+                cur["first"],
+                cur["kseg"],
+                np.asarray(cur["gap"], dtype=np.int64),
+                np.asarray(cur["f"], dtype=np.float64),
+                np.asarray(cur["b"], dtype=np.float64),
+                np.asarray(cur["noop"], dtype=bool),
+                np.asarray(cur["slow"], dtype=bool),
+                np.asarray(cur["ord"], dtype=np.int64),
+            )
+            for j, s in enumerate(blk.first):
+                out[s] = (blk, j)
+        cur = None
+
+    for i, s in enumerate(segments):
+        if s.kind == "kernel":
+            ordn = per_graph.get(s.graph, 0)
+            per_graph[s.graph] = ordn + 1
+            if cur is None or (cur["graph"], cur["phase"], cur["request"]) != (
+                s.graph,
+                s.phase,
+                s.request,
+            ):
+                close()
+                cur = {
+                    "graph": s.graph,
+                    "phase": s.phase,
+                    "request": s.request,
+                    **{k: [] for k in ("first", "kseg", "gap", "f", "b", "noop", "slow", "ord")},
+                }
+            key = (s.op, s.shape)
+            c = costs.get(key)
+            if c is None:
+                c = costs[key] = cost(s.op, s.shape)
+            if not kernel_gran and c.is_noop:
+                continue  # its stalls join the next launched kernel's gap
+            gap = pend_gap + (0 if c.is_noop or (kernel_gran and s.timed) else submission_ns)
+            cur["first"].append(start if start >= 0 else i)
+            cur["kseg"].append(i)
+            cur["gap"].append(gap)
+            cur["f"].append(c.flops)
+            cur["b"].append(c.bytes)
+            cur["noop"].append(c.is_noop)
+            cur["slow"].append(kernel_gran and ((c.is_noop and gap > 0) or not s.timed))
+            cur["ord"].append(ordn)
+            start, pend_gap = -1, 0
+            continue
+        if s.stall is StallKind.INTER_KERNEL and (
+            cur is None or (cur["phase"], cur["request"]) == (s.phase, s.request)
+        ):
+            if start < 0:
+                start = i
+            pend_gap += int(s.dur_ns)
+            continue
+        close()
+        start, pend_gap = -1, 0
+    close()
+    return out
 
 
 def _is_layer_out(name: str) -> bool:
