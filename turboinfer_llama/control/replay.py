@@ -787,8 +787,10 @@ def replay(
                 and (blk.request < 0 or blk.request == request)
                 and (not kg or ordinal == blk.ordinal[j])
             ):
-                si = fast(blk, j)
-                continue
+                nxt = fast(blk, j)
+                if nxt != si:  # else item j goes through the per-kernel path
+                    si = nxt
+                    continue
         si += 1
         if seg.request >= 0 and seg.request != request and seg.stall is not StallKind.IDLE:
             end_request()
