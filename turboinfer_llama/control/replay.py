@@ -918,6 +918,19 @@ def _shared_blocks(
     return cache[key]  # type: ignore[no-any-return]
 
 
+def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto") -> None:
+    """Build what ``replay(segments, ..., device)`` at ``granularity`` shares between
+    runs of the same trace (its per-graph blocks), e.g. before forking workers."""
+    segs = _shared_graphs(segments)
+    kernels = [s for s in segs if s.kind == "kernel"]
+    gran = granularity
+    if gran == "auto":
+        gran = "kernel" if all(s.timed for s in kernels) else "graph"
+    if gran in ("kernel", "graph"):
+        sub = int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0)
+        _shared_blocks(segments, segs, gran, sub)
+
+
 def _blocks(
     segments: Sequence[Segment], gran: str, submission_ns: int
 ) -> dict[int, tuple[_Block, int]]:
