@@ -668,11 +668,21 @@ def _run(
         nxt = getattr(dev, "next_switch", None)
         if nxt is not None and nxt[0] <= dev.now_ns():
             hz = nxt[1]  # due now: lands as the batch starts
-        dur = np.rint(dev.profile.kernel_ns_array(f[i:cut], b[i:cut], hz, share))
-        reach = dev.now_ns() + np.cumsum(g[i : cut - 1] + dur[:-1])  # host reaches i+1..
-        off = reach - t_start - kns[lo + i + 1 : lo + cut]
-        over = np.abs(off - offset) > schedule.tolerance_ns
-        return i + 1 + int(np.argmax(over)) if bool(over.any()) else cut
+        # in windows growing from a few kernels: the drift usually crosses early, and
+        # the sums are of whole ns (exact in float64), so the same as one pass
+        t = float(dev.now_ns())
+        j, w = i, 8
+        while j < cut - 1:
+            k = min(cut, j + w + 1)
+            dur = np.rint(dev.profile.kernel_ns_array(f[j:k], b[j:k], hz, share))
+            reach = t + np.cumsum(g[j : k - 1] + dur[:-1])  # host reaches j+1..k-1
+            off = reach - t_start - kns[lo + j + 1 : lo + k]
+            over = np.abs(off - offset) > schedule.tolerance_ns
+            if bool(over.any()):
+                return j + 1 + int(np.argmax(over))
+            t = float(reach[-1])
+            j, w = k - 1, 4 * w
+        return cut
 
     def stop_at() -> int | None:
         """The next switch instant, or a pending level change landing (off the plan)."""
