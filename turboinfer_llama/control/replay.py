@@ -533,7 +533,7 @@ def replay(
         raise ValueError(f"timing must be one of {', '.join(TIMINGS)}")
     if not segments:
         raise ValueError("replay needs at least one segment")
-    given = segments
+    given_segments = segments
     segments = _shared_graphs(segments)
     reseed = getattr(controller, "reseed", None)
     if callable(reseed):
@@ -546,6 +546,7 @@ def replay(
     recorded = timing == "recorded"
     graphs = _graphs(segments)
     costs = NodeCosts()
+    node_info = _shared_node_info(given_segments, segments)
     r = _Runner(controller, device, timer_ns, recorded=recorded)
     if not counters:
         r.on_counters = None
@@ -594,8 +595,11 @@ def replay(
             r.emit(EventKind.PREFILL_END, graph=graph)
             prefill_open = False
         nodes = graphs.get(graph, [])
-        if started == graph and nodes and ask_ns:
-            batch = _batch(graph, nodes, gran, t_begin, ask_ns, done_ns, now, costs)
+        if started == graph and nodes and ask_ns and r.on_graph is not None:
+            info = node_info.get(graph)
+            if info is None:
+                info = node_info[graph] = _node_info(nodes, costs)
+            batch = _batch(graph, nodes, info, gran, t_begin, ask_ns, done_ns, now)
             delay = plan_delays_ns.get(graph, plan_delay_ns) if plan_delays_ns else plan_delay_ns
             given = graph_inputs_ns.get(graph) if graph_inputs_ns is not None else None
             r.graph_done(batch, delay, given, last=last)
@@ -785,7 +789,7 @@ def replay(
 
     entry = (
         _shared_blocks(
-            given,
+            given_segments,
             segments,
             gran,
             int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0),
@@ -912,7 +916,7 @@ class _Block:
 
 # the last trace replayed (the benchmark replays one trace through every controller):
 # (the caller's segments list, ``with_graphs`` of it, {(granularity, submission): blocks})
-_SHARED: tuple[Sequence[Segment], list[Segment], dict[tuple[str, int], Any]] | None = None
+_SHARED: tuple[Sequence[Segment], list[Segment], dict[Any, Any]] | None = None
 
 
 def _shared_graphs(segments: Sequence[Segment]) -> list[Segment]:
@@ -922,6 +926,16 @@ def _shared_graphs(segments: Sequence[Segment]) -> list[Segment]:
     if _SHARED is None or _SHARED[0] is not segments:
         _SHARED = (segments, with_graphs(segments), {})
     return _SHARED[1]
+
+
+def _shared_node_info(
+    given: Sequence[Segment], segments: list[Segment]
+) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+    """Per graph of the last segments list given: ``_node_info``, filled as replays
+    reach each graph (a fresh dict for another list)."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return {}
+    return _SHARED[2].setdefault("node_info", {})  # type: ignore[no-any-return]
 
 
 def _shared_blocks(
@@ -1034,22 +1048,32 @@ def _is_layer_out(name: str) -> bool:
     return name.startswith(LAYER_OUT_PREFIX_STR)
 
 
+def _node_info(nodes: list[Segment], costs: NodeCosts) -> tuple[np.ndarray, np.ndarray, int]:
+    """A graph's node costs (compute ns, memory ns, launch), its layer outputs and its
+    batch size: the same in every replay of the trace (read-only: shared by them)."""
+    cmx = np.array([costs.of(nd.op, nd.shape) for nd in nodes], dtype=np.float64)
+    layer_out = np.array([_is_layer_out(nd.name) for nd in nodes], dtype=bool)
+    cmx.setflags(write=False)
+    layer_out.setflags(write=False)
+    return cmx, layer_out, _batch_of(nodes)
+
+
 def _batch(
     graph: int,
     nodes: list[Segment],
+    info: tuple[np.ndarray, np.ndarray, int],
     gran: str,
     t_begin: int,
     ask_ns: list[int],
     done_ns: list[int],
     t_end: int,
-    costs: NodeCosts,
 ) -> GraphBatch:
-    cmx = np.array([costs.of(nd.op, nd.shape) for nd in nodes], dtype=np.float64)
+    cmx, layer_out, n_tokens = info
     n = len(ask_ns)
     return GraphBatch(
         graph=graph,
         phase="prefill" if nodes[0].phase == "prefill" else "decode",
-        n_tokens=_batch_of(nodes),
+        n_tokens=n_tokens,
         granularity=gran,
         t_begin_ns=t_begin,
         t_first_ns=ask_ns[0],
@@ -1059,7 +1083,7 @@ def _batch(
         c_ns=cmx[:n, 0],
         m_ns=cmx[:n, 1],
         launch=cmx[:n, 2],
-        layer_out=np.array([_is_layer_out(nd.name) for nd in nodes[:n]], dtype=bool),
+        layer_out=layer_out[:n],
     )
 
 
