@@ -124,3 +124,49 @@ def test_bench_workers_give_the_same_figures_as_one_process(synthetic):
         assert r1[name].energy_j == r2[name].energy_j and r1[name].tpot_ms == r2[name].tpot_ms
     assert sorted(i1) == sorted(i2) == ["default", "tmpc"]
     assert a1["max_rel_error_vs_replay"] == a2["max_rel_error_vs_replay"]
+
+
+def test_short_accounting_batches_run_as_run_batch_does():
+    # accounting._small_batch stands in for SimGpu.run_batch on a few kernels: the same
+    # stops, splits and switch landings (one due at the very start of a kernel too)
+    import numpy as np
+
+    from turboinfer_llama.accounting import _small_batch
+
+    rng = np.random.default_rng(7)
+    levels = SimGpu("adreno650").frequencies_hz()
+    for _ in range(300):
+        n = int(rng.integers(1, 5))
+        f = rng.uniform(1e5, 5e8, n)
+        b = rng.uniform(1e3, 2e7, n)
+        g = rng.integers(0, 3, n) * rng.integers(0, 40_000, n)
+        hz = int(rng.choice(levels))
+        lead_ns = int(rng.integers(0, 600_000))
+        exact = rng.random() < 0.3  # the switch lands just as the batch begins
+        if exact:
+            g[0] = 0
+        stop_ns = int(rng.integers(0, 3_000_000)) if rng.random() < 0.8 else None
+        out = []
+        for small in (False, True):
+            dev = SimGpu("adreno650", governor=None)
+            dev.run_kernel("x", 1e7, 1e5, phase="decode")
+            dev.set_hz(hz)  # lands after the switch latency: maybe inside the batch
+            if exact and dev.next_switch is not None:
+                # a compute-bound kernel that ends right at the landing (not landed yet)
+                p, now_hz = dev.profile, dev.current_hz()
+                dur = dev.next_switch[0] - dev.now_ns()
+                ops = dur * p.peak_ops_per_cycle * p.compute_efficiency * now_hz / 1e9
+                dev.run_kernel("x", ops, 0.0, phase="decode")
+                assert dev.next_switch is not None and dev.next_switch[0] == dev.now_ns()
+            else:
+                dev.run_kernel("x", 1e7 * lead_ns / 1e6, 1e3, phase="decode")
+            stop = None if stop_ns is None else dev.now_ns() + stop_ns
+            if small:
+                r = _small_batch(dev, f, b, g, 0, n, "decode", stop)
+            else:
+                r = dev.run_batch(f, b, g, phase="decode", stop_at_ns=stop)
+            out.append((r.n_done, r.gap_left_ns, r.work_left, dev.now_ns(), dev.current_hz()))
+            out.append(dev.energy_j)
+        a, ea, c, ec = out
+        assert a[:3] == c[:3] and a[3] == c[3] and a[4] == c[4], (a, c)
+        assert abs(ea - ec) <= 1e-12 * ea
