@@ -65,6 +65,8 @@ class BenchConfig:
     allow_cpu: bool | None = None
     # replay worker processes (None: the CPUs, for a long trace; 1: in this process)
     workers: int | None = None
+    # keep default's and tmpc's device intervals (for --plot and --trace)
+    intervals: bool = True
 
 
 @dataclass
@@ -283,7 +285,7 @@ def _replay_one(
     """One controller on a fresh simulator: its result, its intervals (for the plot:
     ``default`` and ``tmpc``) and, when ``want_issued``, the switches a closed-loop
     replay issued (for the accounting check)."""
-    dev = _open_sim(cfg.device, record_intervals=name in ("default", "tmpc"))
+    dev = _open_sim(cfg.device, record_intervals=cfg.intervals and name in ("default", "tmpc"))
     try:
         acc = _accounted(cfg, name, segments, dev)
         if acc is not None:
