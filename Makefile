@@ -23,7 +23,7 @@ $(VENV)/.llama-stamp:
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install "$(LLAMA_SPEC)"
 	touch $@
 
-$(VENV)/.pkg-stamp: $(VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h hooks/ti_exec.c hooks/ti_exec.h
+$(VENV)/.pkg-stamp: $(VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h hooks/ti_exec.c hooks/ti_exec.h hooks/ti_plan.c hooks/ti_plan.h
 	$(PIP) install -q -e ".[server,plot,dev,model]"
 	touch $@
 

@@ -310,6 +310,29 @@ TI_API size_t ti_config_size(void)
 	return sizeof(struct ti_hook_config);
 }
 
+TI_API int ti_record_same_shape(const struct ti_record *a, const struct ti_record *b,
+				size_t n)
+{
+	/* [ne, node) and (node, end): everything but t_ns, graph and node */
+	const size_t lo0 = offsetof(struct ti_record, ne);
+	const size_t hi0 = offsetof(struct ti_record, node);
+	const size_t lo1 = hi0 + sizeof(a->node);
+	size_t i;
+
+	_Static_assert(offsetof(struct ti_record, ne) == 2 * sizeof(int64_t),
+		       "t_ns and graph lead the record");
+	if (n > 0 && (a == NULL || b == NULL))
+		return 0;
+	for (i = 0; i < n; i++) {
+		const char *x = (const char *)&a[i], *y = (const char *)&b[i];
+
+		if (memcmp(x + lo0, y + lo0, hi0 - lo0) != 0 ||
+		    memcmp(x + lo1, y + lo1, sizeof(struct ti_record) - lo1) != 0)
+			return 0;
+	}
+	return 1;
+}
+
 #define TI_FIELD(f) { #f, offsetof(struct ti_record, f) }
 
 static const struct {

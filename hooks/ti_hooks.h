@@ -107,6 +107,14 @@ struct ti_exec;
  */
 TI_API void ti_hook_set_executor(struct ti_hook *h, struct ti_exec *ex);
 
+/*
+ * 1 when records a[i] and b[i] agree, for every i < n, in every byte but t_ns, graph
+ * and node (the fields that differ between two graphs of the same shape), else 0.
+ * Reads both arrays once, writes nothing: the ingest's per-graph cache check.
+ */
+TI_API int ti_record_same_shape(const struct ti_record *a, const struct ti_record *b,
+				size_t n);
+
 /* ABI checks for the Python side. */
 TI_API size_t ti_record_size(void);
 TI_API size_t ti_config_size(void);

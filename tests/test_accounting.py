@@ -376,18 +376,7 @@ def test_placement_follows_the_recording_not_the_phone_clock(raw) -> None:
 
 @pytest.mark.parametrize(
     "profile",
-    [
-        "adreno650",
-        pytest.param(
-            "mali-g76",
-            marks=pytest.mark.xfail(
-                reason="open: on Mali (1 ms switch latency and dwell, the oracle's schedule "
-                "dwell-bound) the accounted oracle's TTFT of this one-request trace is 0.51% "
-                "under its per-kernel replay (energy and TPOT within 0.3%)",
-                strict=False,
-            ),
-        ),
-    ],
+    ["adreno650", "mali-g76"],
 )
 def test_offline_controllers_accounted_match_their_per_kernel_replay(raw, profile) -> None:
     """``bench`` and ``sweep`` figure the oracle, static-best and phase by the

