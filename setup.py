@@ -63,6 +63,7 @@ setup(
     install_requires=[
         "llama-cpp-python>=0.3.36,<0.4",
         "numpy>=1.24",
+        "orjson>=3.8",  # trace loading (json is the fallback)
         "scipy>=1.10",
         "adbutils>=2.8,<3",
         "pydantic>=2.5",

@@ -35,7 +35,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -668,11 +668,21 @@ def _run(
         nxt = getattr(dev, "next_switch", None)
         if nxt is not None and nxt[0] <= dev.now_ns():
             hz = nxt[1]  # due now: lands as the batch starts
-        dur = np.rint(dev.profile.kernel_ns_array(f[i:cut], b[i:cut], hz, share))
-        reach = dev.now_ns() + np.cumsum(g[i : cut - 1] + dur[:-1])  # host reaches i+1..
-        off = reach - t_start - kns[lo + i + 1 : lo + cut]
-        over = np.abs(off - offset) > schedule.tolerance_ns
-        return i + 1 + int(np.argmax(over)) if bool(over.any()) else cut
+        # in windows growing from a few kernels: the drift usually crosses early, and
+        # the sums are of whole ns (exact in float64), so the same as one pass
+        t = float(dev.now_ns())
+        j, w = i, 8
+        while j < cut - 1:
+            k = min(cut, j + w + 1)
+            dur = np.rint(dev.profile.kernel_ns_array(f[j:k], b[j:k], hz, share))
+            reach = t + np.cumsum(g[j : k - 1] + dur[:-1])  # host reaches j+1..k-1
+            off = reach - t_start - kns[lo + j + 1 : lo + k]
+            over = np.abs(off - offset) > schedule.tolerance_ns
+            if bool(over.any()):
+                return j + 1 + int(np.argmax(over))
+            t = float(reach[-1])
+            j, w = k - 1, 4 * w
+        return cut
 
     def stop_at() -> int | None:
         """The next switch instant, or a pending level change landing (off the plan)."""
@@ -707,6 +717,14 @@ def _run(
     begin_ns: dict[int, int] = {}
     token_ns: dict[int, list[int]] = {}
     anchors = np.asarray(sorted(by_kernel), dtype=np.int64)
+    # a short batch inside a graph (after its first) through the per-kernel calls: what
+    # run_batch does for it, without its numpy set-up (userspace mode: no governor
+    # notifications to place)
+    small_ok = (
+        isinstance(dev, SimGpu)
+        and dev.governor is None
+        and not dev._load_changes  # its other device events: none
+    )
     for si, step in enumerate(trace.steps):
         req = trace.request_begin.get(si)
         if req is not None:
@@ -752,8 +770,12 @@ def _run(
             while i < cut:
                 # off the plan: up to where the drift moves (re-anchor there)
                 end = drift_end(lo, i, cut, f, b, g) if kns is not None and lagging(lo + i) else cut
-                res = dev.run_batch(
-                    f[i:end], b[i:end], g[i:end], phase=step.phase, stop_at_ns=stop_at()
+                res = (
+                    _small_batch(dev, f, b, g, i, end, step.phase, stop_at())
+                    if end - i <= SMALL_BATCH and i > 0 and small_ok
+                    else dev.run_batch(
+                        f[i:end], b[i:end], g[i:end], phase=step.phase, stop_at_ns=stop_at()
+                    )
                 )
                 i += res.n_done
                 if i < end and (res.gap_left_ns != g[i] or res.work_left != 1.0):
@@ -798,6 +820,69 @@ def _run(
         switches=dev.switches - sw0,
         cpu_ms=(time.process_time() - cpu0) * 1e3,
     )
+
+
+# batches of up to this many kernels go through ``_small_batch``
+SMALL_BATCH = 4
+
+
+class _Ran(NamedTuple):
+    n_done: int
+    gap_left_ns: int
+    work_left: float
+
+
+def _small_batch(
+    dev: SimGpu,
+    f: np.ndarray,
+    b: np.ndarray,
+    g: np.ndarray,
+    i: int,
+    end: int,
+    phase: str,
+    stop_at_ns: int | None,
+) -> Any:
+    """``dev.run_batch(f[i:end], b[i:end], g[i:end], phase=phase, stop_at_ns=...)``
+    for a few kernels of a graph whose earlier kernels ran (the device's phase is
+    ``phase``), by the per-kernel path that ``run_batch`` itself takes where an event
+    falls: each gap by ``run_gap``, each kernel by ``run_kernel``, a stop inside a gap
+    ends it there, one inside a kernel splits it linearly where more than its floor
+    from either end. A gap that could reach the idle timeout goes to ``run_batch``."""
+    p = dev.profile
+    gaps = g[i:end]
+    if int(gaps.max()) * 2 >= p.idle_timeout_ns:
+        return dev.run_batch(f[i:end], b[i:end], gaps, phase=phase, stop_at_ns=stop_at_ns)
+    floor = p.kernel_floor_ns
+    for k in range(end - i):
+        t = dev.now_ns()
+        gk = int(gaps[k])
+        if stop_at_ns is not None:
+            if stop_at_ns <= t:
+                return _Ran(k, gk, 1.0)
+            if stop_at_ns <= t + gk:
+                dev.run_gap(int(stop_at_ns - t), kind="inter_kernel", phase=phase)
+                return _Ran(k, int(t + gk - stop_at_ns), 1.0)
+        dev.run_gap(gk, kind="inter_kernel", phase=phase)
+        nxt = dev.next_switch
+        if nxt is not None and nxt[0] <= dev.now_ns():
+            # a switch due at the kernel's start (an empty gap does not land it):
+            # run_batch lands it before it times the kernel
+            rest = gaps[k:].copy()
+            rest[0] = 0
+            res = dev.run_batch(
+                f[i + k : end], b[i + k : end], rest, phase=phase, stop_at_ns=stop_at_ns
+            )
+            return _Ran(k + res.n_done, res.gap_left_ns, res.work_left)
+        fk, bk = float(f[i + k]), float(b[i + k])
+        if stop_at_ns is not None:
+            now = dev.now_ns()
+            full = dev.kernel_ns(fk, bk)
+            if now + floor < stop_at_ns < now + full - max(1_000, floor):
+                frac = (stop_at_ns - now) / full
+                dev.run_kernel("batch", fk * frac, bk * frac, phase=phase)
+                return _Ran(k, 0, 1.0 - frac)
+        dev.run_kernel("batch", fk, bk, phase=phase)
+    return _Ran(end - i, 0, 1.0)
 
 
 def applied_energy(

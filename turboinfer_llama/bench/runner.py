@@ -63,6 +63,10 @@ class BenchConfig:
     # the CPU is only a warning (None: PowerSettings' TURBOINFER_ALLOW_CPU).
     n_gpu_layers: int | None = None
     allow_cpu: bool | None = None
+    # replay worker processes (None: the CPUs, for a long trace; 1: in this process)
+    workers: int | None = None
+    # keep default's and tmpc's device intervals (for --plot and --trace)
+    intervals: bool = True
 
 
 @dataclass
@@ -147,6 +151,11 @@ def phone_trace(device: str, segments: list[Segment]) -> list[Segment]:
         dev.close()
 
 
+# a trace this long (segments) replays its controllers in worker processes (fork: the
+# workers share the parent's trace); shorter ones are quicker in one process
+POOL_MIN_SEGMENTS = 20_000
+
+
 def replay_all(
     cfg: BenchConfig,
     segments: list[Segment],
@@ -165,38 +174,147 @@ def replay_all(
     replayed controller's issued switches are also accounted by the arrays-based pass
     (``accounting.applied_energy``; ``default_shadow`` for default) and compared with
     the replay: its CPU cost per token and its largest deviation. ``oracle_bound`` (a
-    dict to fill): the oracle's Lagrangian dual bound and optimality gap."""
+    dict to fill): the oracle's Lagrangian dual bound and optimality gap.
+
+    Controllers are independent runs: with ``cfg.workers`` above 1 (None: the CPUs,
+    for a trace of ``POOL_MIN_SEGMENTS`` or more) they run in that many forked worker
+    processes, the slowest first; the figures are the same as one by one."""
     issued: dict[str, list[tuple[int, int]]] = {}
-    for i, name in enumerate(cfg.controllers):
-        dev = _open_sim(cfg.device, record_intervals=name in ("default", "tmpc"))
-        try:
-            acc = _accounted(cfg, name, segments, dev, oracle_bound)
-            if acc is not None:
-                results[name] = acc
-                if dev.record_intervals:
-                    intervals[name] = list(dev.intervals)
-                if progress:
-                    progress("replay", i + 1, len(cfg.controllers))
-                continue
-            ctrl = make_controller(
-                name,
-                **for_device(dev),
-                latency_slack=cfg.latency_slack,
-                trace=segments,
-                device_factory=lambda: _open_sim(cfg.device),
-                seed=cfg.seed,
-            )
-            if accounting is not None and hasattr(dev, "profile"):
-                issued[name] = _log_issued(dev)
-            results[name] = replay(segments, ctrl, dev, seed=cfg.seed)
-            if dev.record_intervals:
-                intervals[name] = list(dev.intervals)
-        finally:
-            dev.close()
-        if progress:
-            progress("replay", i + 1, len(cfg.controllers))
+    want_issued = accounting is not None
+    names = list(cfg.controllers)
+    workers = _workers(cfg, len(names), len(segments))
+    if workers > 1:
+        bounds = _replay_pooled(
+            cfg, segments, names, workers, want_issued, results, intervals, issued, progress
+        )
+    else:
+        bounds = {}
+        for i, name in enumerate(names):
+            res, iv, log, bound = _replay_one(cfg, name, segments, want_issued)
+            results[name] = res
+            bounds.update(bound or {})
+            if iv is not None:
+                intervals[name] = iv
+            if log is not None:
+                issued[name] = log
+            if progress:
+                progress("replay", i + 1, len(names))
+    if oracle_bound is not None:
+        oracle_bound.update(bounds)
     if accounting is not None and issued:
         accounting.update(_account_check(cfg, segments, results, issued))
+
+
+def _workers(cfg: BenchConfig, n_controllers: int, n_segments: int) -> int:
+    import multiprocessing
+    import os
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if cfg.workers is not None:
+        return max(1, min(int(cfg.workers), n_controllers))
+    if n_segments < POOL_MIN_SEGMENTS:
+        return 1
+    return max(1, min(os.cpu_count() or 1, n_controllers))
+
+
+# the trace and config a forked worker replays (set in the parent before the fork)
+_POOL_JOB: tuple[BenchConfig, list[Segment], bool] | None = None
+
+# most expensive first, so the longest run starts at once (the oracle's check runs)
+_COST_ORDER = ("oracle", "tmpc", "ztt", "reactive", "max", "static-best", "phase", "default")
+
+
+def _replay_in_worker(name: str) -> tuple[str, ReplayResult, list[Any] | None, Any, Any]:
+    assert _POOL_JOB is not None
+    cfg, segments, want_issued = _POOL_JOB
+    return (name, *_replay_one(cfg, name, segments, want_issued))
+
+
+def _replay_pooled(
+    cfg: BenchConfig,
+    segments: list[Segment],
+    names: list[str],
+    workers: int,
+    want_issued: bool,
+    results: dict[str, ReplayResult],
+    intervals: dict[str, list[Any]],
+    issued: dict[str, list[tuple[int, int]]],
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """``replay_all`` in ``workers`` forked processes; returns the oracle's bound."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from ..accounting import PhoneTrace
+    from ..control.replay import prepare
+
+    global _POOL_JOB
+    # what every worker would build: built once here, inherited by the fork
+    dev = _open_sim(cfg.device)
+    try:
+        if hasattr(dev, "profile"):
+            PhoneTrace.shared(segments, dev.profile)
+            prepare(segments, dev)
+    finally:
+        dev.close()
+    _POOL_JOB = (cfg, segments, want_issued)
+    order = sorted(names, key=lambda n: _COST_ORDER.index(n) if n in _COST_ORDER else 1)
+    done: dict[str, tuple[ReplayResult, Any, Any]] = {}
+    bounds: dict[str, Any] = {}
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+    try:
+        futures = [pool.submit(_replay_in_worker, n) for n in order]
+        for fut in as_completed(futures):
+            name, res, iv, log, bound = fut.result()
+            done[name] = (res, iv, log)
+            bounds.update(bound or {})
+            if progress:
+                progress("replay", len(done), len(names))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    else:
+        pool.shutdown()
+    finally:
+        _POOL_JOB = None
+        for name in names:  # in the order asked for, whatever finished
+            if name in done:
+                res, iv, log = done[name]
+                results[name] = res
+                if iv is not None:
+                    intervals[name] = iv
+                if log is not None:
+                    issued[name] = log
+    return bounds
+
+
+def _replay_one(
+    cfg: BenchConfig, name: str, segments: list[Segment], want_issued: bool
+) -> tuple[ReplayResult, list[Any] | None, list[tuple[int, int]] | None, dict[str, Any] | None]:
+    """One controller on a fresh simulator: its result, its intervals (for the plot:
+    ``default`` and ``tmpc``), when ``want_issued`` the switches a closed-loop replay
+    issued (for the accounting check), and the oracle's bound (``bound_summary``)."""
+    dev = _open_sim(cfg.device, record_intervals=cfg.intervals and name in ("default", "tmpc"))
+    try:
+        bound: dict[str, Any] = {}
+        acc = _accounted(cfg, name, segments, dev, bound)
+        if acc is not None:
+            iv = list(dev.intervals) if dev.record_intervals else None
+            return acc, iv, None, bound or None
+        ctrl = make_controller(
+            name,
+            **for_device(dev),
+            latency_slack=cfg.latency_slack,
+            trace=segments,
+            device_factory=lambda: _open_sim(cfg.device),
+            seed=cfg.seed,
+        )
+        log = _log_issued(dev) if want_issued and hasattr(dev, "profile") else None
+        res = replay(segments, ctrl, dev, seed=cfg.seed)
+        return res, (list(dev.intervals) if dev.record_intervals else None), log, None
+    finally:
+        dev.close()
 
 
 def _accounted(

@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         timing=not args.no_timing,
         n_gpu_layers=args.n_gpu_layers,
         allow_cpu=args.allow_cpu,
+        intervals=bool(args.plot_path or args.trace_path),
     )
     device, meter = _open_hardware(args.device, args.meter)
     if device is not None and args.granularity is None:

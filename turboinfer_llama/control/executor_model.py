@@ -208,6 +208,63 @@ class ExecutorModel:
     def stop(self) -> None:
         self.status.stopped = True
 
+    # ---- look-ahead for the per-graph replay (control/replay.py) -------------------
+    # Each answers for the state as it is now, with no timer due: a caller that runs
+    # many nodes at once stops at the next timer deadline (``due``) anyway.
+
+    def ask_cut(self) -> int | None:
+        """The smallest node ordinal whose ask (``on_node(o, True)``) would do more than
+        note the ask: the graph's first ask, a ``NODE`` switch reached, or a node-count
+        mismatch. None when no ask would."""
+        if self._awaiting_first:
+            return 0
+        slot = self._active
+        if not (self._graph_active and slot is not None):
+            return None
+        cut: int | None = None
+        p = slot.plan
+        if not self._mismatched and p.n_nodes > 0:
+            cut = p.n_nodes
+        if not self.status.stopped and self._cursor < len(slot.nodes):
+            key = slot.nodes[self._cursor].key
+            cut = key if cut is None else min(cut, key)
+        return cut
+
+    def note_asks(self, ordinal: int) -> None:
+        """Asks up to ``ordinal`` happened, none of them at or past ``ask_cut()``: all
+        they change is the highest ask seen (what ``on_node`` would have done)."""
+        if ordinal > self._max_ask:
+            self._max_ask = ordinal
+
+    def feedback_from_ns(self) -> int | None:
+        """The earliest time (ns) at which a node done (``on_node(o, False)``) would
+        apply a feedback switch, were nothing else to change before; None if none
+        would. The error grows with time and the target with it, so every done before
+        this time does nothing."""
+        slot = self._active
+        st = self.status
+        if not (self._graph_active and self._in_graph and slot is not None) or st.stopped:
+            return None
+        p = slot.plan
+        if not (p.gain > 0 and p.predicted_ns > 0 and self._ref_expect >= 0):
+            return None
+        cur = st.cur_level
+        base = self._planned if self._planned >= 0 else cur
+        top = len(self.levels_hz) - 1
+        if base < 0 or top <= cur:
+            return None
+        need = max(1, min(top, cur - base + 1))  # feedback steps that lift the level
+
+        def ok(err: int) -> bool:  # the same float expression as _feedback
+            return math.ceil(p.gain * float(err) / float(p.predicted_ns)) >= need
+
+        err = max(1, math.floor((need - 1) * float(p.predicted_ns) / p.gain) - 2)
+        while not ok(err):
+            err += 1
+        while err > 1 and ok(err - 1):
+            err -= 1
+        return int(self._t0 + self._ref_expect + p.margin_ns + err)
+
     # ---- internals (names follow hooks/ti_exec.c) ----------------------------------
 
     def _check_plan(self, plan: Plan) -> None:

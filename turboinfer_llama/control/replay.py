@@ -19,6 +19,20 @@ all ``NODE_ASK``s of a graph come at its start (the scheduler's scan), no
 ``SAMPLE_END`` + ``TOKEN`` at the end of the sample stall. ``plan(now)`` is polled
 at graph start, graph end, request end and every ``timer_ns`` inside stalls; its
 result replaces the decisions of the previous poll.
+
+Two paths, one run. The per-kernel path (``reference=True``) hands every kernel to
+``SimGpu.run_kernel`` and makes every ask and done call. The per-graph path (the
+default for closed-loop controllers on the simulator, at kernel or graph granularity)
+runs the kernels between two points where something can happen -- a due point of the
+runner (a decision, an executor timer, a graph delivery, a plan set), an ask the
+executor acts on (``ExecutorModel.ask_cut``: a node switch, a node-count mismatch),
+a node done its feedback acts on (``ExecutorModel.feedback_from_ns``) -- with
+``SimGpu.run_batch`` (numpy over the nodes), and notes the asks and dones in between
+at the times the per-kernel path has them (they would do nothing else); what does
+act goes through the per-kernel code. The controller sees the same events, graph
+records and feedback at the same virtual times: ``tests/test_replay_per_graph.py``
+checks the switch logs equal and the figures within 0.5% (measured: equal to float
+summation order).
 """
 
 from __future__ import annotations
@@ -470,6 +484,7 @@ def replay(
     live_log_cutoff_ns: Mapping[int, int] | None = None,
     graph_inputs_ns: Mapping[int, int] | None = None,
     plans_dropped: Collection[int] | None = None,
+    reference: bool = False,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -506,6 +521,11 @@ def replay(
     the live log carries each timer switch's deadline (``Applied.due_ns``); a deadline
     only the replay has fires on time. With ``timing="recorded"``, time the recording
     covers without a segment (a request's last sampling, its preparation) passes too.
+    ``reference``: the per-kernel path throughout (see the module docstring); else the
+    per-graph path where it applies (simulator timing on a simulator, kernel or graph
+    granularity, no per-node events, no live log to follow). A segments list replayed
+    again is recognised by identity (its prepared blocks are reused): do not modify
+    it in between.
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}")
@@ -513,7 +533,8 @@ def replay(
         raise ValueError(f"timing must be one of {', '.join(TIMINGS)}")
     if not segments:
         raise ValueError("replay needs at least one segment")
-    segments = with_graphs(segments)
+    given_segments = segments
+    segments = _shared_graphs(segments)
     reseed = getattr(controller, "reseed", None)
     if callable(reseed):
         reseed(seed)
@@ -525,6 +546,7 @@ def replay(
     recorded = timing == "recorded"
     graphs = _graphs(segments)
     costs = NodeCosts()
+    node_info = _shared_node_info(given_segments, segments)
     r = _Runner(controller, device, timer_ns, recorded=recorded)
     if not counters:
         r.on_counters = None
@@ -536,6 +558,16 @@ def replay(
         r._planned_live = set(plan_delays_ns) | set(plans_dropped or ())
     if plans_dropped is not None:
         r._dropped_live = set(plans_dropped)
+    # the per-graph path: simulator timing on a simulator, no per-node events (offline
+    # controllers), no live log to follow; ``reference`` keeps the per-kernel path
+    per_graph = (
+        not reference
+        and not recorded
+        and gran in ("kernel", "graph")
+        and not r.node_events
+        and live_applied is None
+        and callable(getattr(device, "run_batch", None))
+    )
     t_start = device.now_ns()
     e_start = device.energy_j
     sw_start = device.switches
@@ -563,8 +595,11 @@ def replay(
             r.emit(EventKind.PREFILL_END, graph=graph)
             prefill_open = False
         nodes = graphs.get(graph, [])
-        if started == graph and nodes and ask_ns:
-            batch = _batch(graph, nodes, gran, t_begin, ask_ns, done_ns, now, costs)
+        if started == graph and nodes and ask_ns and r.on_graph is not None:
+            info = node_info.get(graph)
+            if info is None:
+                info = node_info[graph] = _node_info(nodes, costs)
+            batch = _batch(graph, nodes, info, gran, t_begin, ask_ns, done_ns, now)
             delay = plan_delays_ns.get(graph, plan_delay_ns) if plan_delays_ns else plan_delay_ns
             given = graph_inputs_ns.get(graph) if graph_inputs_ns is not None else None
             r.graph_done(batch, delay, given, last=last)
@@ -615,8 +650,173 @@ def replay(
             r.emit(EventKind.NODE_DONE, graph=graph, node=ordinal - 1)
         r.apply_due()
 
+    # ---- the per-graph path: the kernels between two points where something can
+    # happen (a due point of the runner, an ask the executor acts on, a node done its
+    # feedback acts on) run at once on the simulator (``SimGpu.run_batch``); the asks
+    # and dones in between are noted, not called (they would do nothing). Everything
+    # else goes through the per-kernel path above, so both give the same run.
+    kg = gran == "kernel"
+
+    def noted(
+        blk: _Block,
+        p: int,
+        upto: int,
+        t0: int,
+        idx: np.ndarray,
+        gaps: np.ndarray,
+        ends: np.ndarray,
+        p_asked: bool,
+        ask_last: bool,
+    ) -> None:
+        """Items ``p..upto-1`` ran in the batch that began at ``t0`` (launched kernels
+        ``idx``, gaps ``gaps``, completed ones ending at ``ends``): their asks and dones
+        at the times the per-kernel path has them. ``p_asked``: item p was asked before.
+        ``ask_last``: the last one is asked, not done (its done comes next)."""
+        nonlocal ordinal
+        if upto <= p:
+            return
+        js = np.arange(p, upto)
+        m = np.searchsorted(idx, js)  # launched kernels before each item
+        ends_x = np.concatenate(([t0], ends, [-1, -1]))
+        prev = ends_x[m]
+        real = ~blk.noop[p:upto]
+        g = np.concatenate((gaps, [0]))[m]
+        a = np.where(real, prev + g, prev)
+        d = np.where(real, ends_x[np.minimum(m + 1, len(ends) + 1)], prev)
+        if len(ends) < len(idx):  # the launched kernel at index len(ends) is not done
+            d = np.where(real & (m >= len(ends)), -1, d)
+        if ask_last:
+            d[-1] = -1
+        a_l, d_l = a.tolist(), d.tolist()
+        if p_asked:
+            done_ns[-1] = d_l[0]
+            a_l, d_l = a_l[1:], d_l[1:]
+        ask_ns.extend(a_l)
+        done_ns.extend(d_l)
+        last = int(blk.ordinal[upto - 1])
+        ordinal = last + 1
+        r.ex.note_asks(last)
+
+    def fast(blk: _Block, p: int) -> int:
+        """Run items ``p..`` of ``blk``; returns the segment index to go on from."""
+        n = len(blk.first)
+        phase = blk.phase
+        f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+        asked = False  # item p was asked (its kernel is part way)
+        while p < n:
+            r.apply_due()
+            now = device.now_ns()
+            due = r.next_due()
+            cut = r.ex.ask_cut() if kg else None
+            fb = r.ex.feedback_from_ns() if kg else None
+            fb_now = fb is not None and fb <= now
+            if not asked and (
+                blk.slow[p]
+                or (cut is not None and blk.ordinal[p] >= cut)
+                or (blk.noop[p] and fb_now)
+            ):
+                if g_p == int(blk.gap[p]):
+                    return blk.first[p]
+                r.gap(g_p, StallKind.INTER_KERNEL.value, phase)  # the rest of its stalls
+                return blk.kseg[p]
+            if due is not None and due <= now:
+                raise AssertionError(f"replay: due point {due} left behind at {now}")
+            if fb_now or (asked and fb is not None):
+                q = p + 1
+            else:
+                q = int(blk.next_slow[p])
+                if cut is not None:
+                    q = p + int(np.searchsorted(blk.ordinal[p:q], cut))
+                q = max(q, p + 1)
+            stop = due
+            if fb is not None and fb > now:
+                stop = fb if stop is None else min(stop, fb)
+            idx = blk.real[np.searchsorted(blk.real, p) : np.searchsorted(blk.real, q)]
+            gaps = blk.gap[idx]
+            if len(idx) == 0:
+                noted(blk, p, q, now, idx, gaps, gaps, asked, False)
+                p = q
+                if p < n:
+                    f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+                asked = False
+                continue
+            fs, bs = blk.f[idx], blk.b[idx]
+            if idx[0] == p:
+                fs, bs, gaps = fs.copy(), bs.copy(), gaps.copy()
+                fs[0], bs[0], gaps[0] = f_p, b_p, g_p
+            res = device.run_batch(fs, bs, gaps, phase=phase, stop_at_ns=stop)
+            nd = res.n_done
+            ends = np.asarray(res.end_ns[:nd], dtype=np.int64)
+            partial = nd < len(idx)
+            k = int(idx[nd]) if partial else q  # the first item not run through
+            end = int(ends[-1]) if nd else None
+            if end is not None and (
+                (stop is not None and end >= stop) or (fb is not None and end >= fb)
+            ):
+                # its done (and what is due first) can act: the per-kernel path for it,
+                # and for the no-ops after it
+                last = int(idx[nd - 1])
+                if kg:
+                    noted(blk, p, last + 1, now, idx, gaps, ends, asked, True)
+                r.apply_due()
+                if kg:
+                    done()
+                    for j in range(last + 1, k):
+                        ask(segments[blk.kseg[j]])
+                        done()
+                p, asked = k, False
+                if p < n:
+                    f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+                continue
+            if not partial:
+                if kg:
+                    noted(blk, p, q, now, idx, gaps, ends, asked, False)
+                p, asked = q, False
+                if p < n:
+                    f_p, b_p, g_p = float(blk.f[p]), float(blk.b[p]), int(blk.gap[p])
+                continue
+            started_k = res.work_left < 1.0
+            if kg:
+                noted(blk, p, k + (1 if started_k else 0), now, idx, gaps, ends, asked, started_k)
+            f_k, b_k = float(fs[nd]), float(bs[nd])
+            if started_k:
+                f_p, b_p, g_p = f_k * res.work_left, b_k * res.work_left, 0
+            else:
+                f_p, b_p, g_p = f_k, b_k, int(res.gap_left_ns)
+            asked = started_k or (asked and k == p)
+            p = k
+        return blk.kseg[n - 1] + 1
+
+    entry = (
+        _shared_blocks(
+            given_segments,
+            segments,
+            gran,
+            int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0),
+        )
+        if per_graph
+        else {}
+    )
+
     rec_end: int | None = None  # recorded end of the previous segment
-    for seg in segments:
+    si = 0
+    n_segs = len(segments)
+    while si < n_segs:
+        seg = segments[si]
+        at = entry.get(si)
+        if at is not None:
+            blk, j = at
+            if (
+                in_graph
+                and graph == blk.graph == started
+                and (blk.request < 0 or blk.request == request)
+                and (not kg or ordinal == blk.ordinal[j])
+            ):
+                nxt = fast(blk, j)
+                if nxt != si:  # else item j goes through the per-kernel path
+                    si = nxt
+                    continue
+        si += 1
         if seg.request >= 0 and seg.request != request and seg.stall is not StallKind.IDLE:
             end_request()
             request = seg.request
@@ -684,26 +884,196 @@ def replay(
     return res
 
 
+@dataclass
+class _Block:
+    """A run of one graph's kernels (and the inter-kernel stalls between them) that the
+    per-graph path can run with ``SimGpu.run_batch``. Item ``j`` is one kernel with the
+    host gap before it: at kernel granularity every kernel (no-ops too: they are asked
+    and done), at graph granularity the launched ones only (the asks came with the
+    scan; a no-op's stalls join the next kernel's gap, as does the simulator's host
+    submission cost)."""
+
+    graph: int
+    phase: str
+    request: int
+    first: list[int]  # segment index where item j's segments begin (its stalls)
+    kseg: list[int]  # segment index of item j's kernel
+    gap: np.ndarray  # int64: host gap before item j's kernel
+    f: np.ndarray
+    b: np.ndarray
+    noop: np.ndarray  # bool
+    slow: np.ndarray  # bool: item j goes through the per-kernel path
+    ordinal: np.ndarray  # int64: item j's node ordinal in its graph (kernel granularity)
+    real: np.ndarray = field(init=False)  # indices of the launched kernels
+    next_slow: np.ndarray = field(init=False)  # first slow item at or after j (n: none)
+
+    def __post_init__(self) -> None:
+        n = len(self.first)
+        self.real = np.flatnonzero(~self.noop)
+        idx = np.where(self.slow, np.arange(n), n)
+        self.next_slow = np.minimum.accumulate(idx[::-1])[::-1] if n else idx
+
+
+# the last trace replayed (the benchmark replays one trace through every controller):
+# (the caller's segments list, ``with_graphs`` of it, {(granularity, submission): blocks})
+_SHARED: tuple[Sequence[Segment], list[Segment], dict[Any, Any]] | None = None
+
+
+def _shared_graphs(segments: Sequence[Segment]) -> list[Segment]:
+    """``with_graphs(segments)``, kept for the last segments list given (matched by
+    identity: do not modify a list after replaying it)."""
+    global _SHARED
+    if _SHARED is None or _SHARED[0] is not segments:
+        _SHARED = (segments, with_graphs(segments), {})
+    return _SHARED[1]
+
+
+def _shared_node_info(
+    given: Sequence[Segment], segments: list[Segment]
+) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+    """Per graph of the last segments list given: ``_node_info``, filled as replays
+    reach each graph (a fresh dict for another list)."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return {}
+    return _SHARED[2].setdefault("node_info", {})  # type: ignore[no-any-return]
+
+
+def _shared_blocks(
+    given: Sequence[Segment], segments: list[Segment], gran: str, submission_ns: int
+) -> dict[int, tuple[_Block, int]]:
+    """``_blocks`` of the last segments list given, once per granularity."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return _blocks(segments, gran, submission_ns)
+    cache = _SHARED[2]
+    key = (gran, submission_ns)
+    if key not in cache:
+        cache[key] = _blocks(segments, gran, submission_ns)
+    return cache[key]  # type: ignore[no-any-return]
+
+
+def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto") -> None:
+    """Build what ``replay(segments, ..., device)`` at ``granularity`` shares between
+    runs of the same trace (its per-graph blocks), e.g. before forking workers."""
+    segs = _shared_graphs(segments)
+    kernels = [s for s in segs if s.kind == "kernel"]
+    gran = granularity
+    if gran == "auto":
+        gran = "kernel" if all(s.timed for s in kernels) else "graph"
+    if gran in ("kernel", "graph"):
+        sub = int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0)
+        _shared_blocks(segments, segs, gran, sub)
+
+
+def _blocks(
+    segments: Sequence[Segment], gran: str, submission_ns: int
+) -> dict[int, tuple[_Block, int]]:
+    """Every batchable item by the segment index its segments begin at."""
+    costs: dict[tuple[str, int], KernelCost] = {}  # by (op, id(shape)): shapes are shared
+    shapes: list[Any] = []  # keeps every keyed shape alive while the ids are keys
+    per_graph: dict[int, int] = {}  # kernels of each graph seen so far (ordinals)
+    out: dict[int, tuple[_Block, int]] = {}
+    kernel_gran = gran == "kernel"
+    cur: dict[str, Any] | None = None
+    start = -1  # first segment of the pending item
+    pend_gap = 0
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None and cur["first"]:
+            blk = _Block(
+                cur["graph"],
+                cur["phase"],
+                cur["request"],
+                cur["first"],
+                cur["kseg"],
+                np.asarray(cur["gap"], dtype=np.int64),
+                np.asarray(cur["f"], dtype=np.float64),
+                np.asarray(cur["b"], dtype=np.float64),
+                np.asarray(cur["noop"], dtype=bool),
+                np.asarray(cur["slow"], dtype=bool),
+                np.asarray(cur["ord"], dtype=np.int64),
+            )
+            for j, s in enumerate(blk.first):
+                out[s] = (blk, j)
+        cur = None
+
+    for i, s in enumerate(segments):
+        if s.kind == "kernel":
+            ordn = per_graph.get(s.graph, 0)
+            per_graph[s.graph] = ordn + 1
+            if cur is None or (cur["graph"], cur["phase"], cur["request"]) != (
+                s.graph,
+                s.phase,
+                s.request,
+            ):
+                close()
+                cur = {
+                    "graph": s.graph,
+                    "phase": s.phase,
+                    "request": s.request,
+                    **{k: [] for k in ("first", "kseg", "gap", "f", "b", "noop", "slow", "ord")},
+                }
+            key = (s.op, id(s.shape))
+            c = costs.get(key)
+            if c is None:
+                c = costs[key] = cost(s.op, s.shape)
+                shapes.append(s.shape)
+            if not kernel_gran and c.is_noop:
+                continue  # its stalls join the next launched kernel's gap
+            gap = pend_gap + (0 if c.is_noop or (kernel_gran and s.timed) else submission_ns)
+            cur["first"].append(start if start >= 0 else i)
+            cur["kseg"].append(i)
+            cur["gap"].append(gap)
+            cur["f"].append(c.flops)
+            cur["b"].append(c.bytes)
+            cur["noop"].append(c.is_noop)
+            cur["slow"].append(kernel_gran and ((c.is_noop and gap > 0) or not s.timed))
+            cur["ord"].append(ordn)
+            start, pend_gap = -1, 0
+            continue
+        if s.stall is StallKind.INTER_KERNEL and (
+            cur is None or (cur["phase"], cur["request"]) == (s.phase, s.request)
+        ):
+            if start < 0:
+                start = i
+            pend_gap += int(s.dur_ns)
+            continue
+        close()
+        start, pend_gap = -1, 0
+    close()
+    return out
+
+
 def _is_layer_out(name: str) -> bool:
     return name.startswith(LAYER_OUT_PREFIX_STR)
+
+
+def _node_info(nodes: list[Segment], costs: NodeCosts) -> tuple[np.ndarray, np.ndarray, int]:
+    """A graph's node costs (compute ns, memory ns, launch), its layer outputs and its
+    batch size: the same in every replay of the trace (read-only: shared by them)."""
+    cmx = np.array([costs.of(nd.op, nd.shape) for nd in nodes], dtype=np.float64)
+    layer_out = np.array([_is_layer_out(nd.name) for nd in nodes], dtype=bool)
+    cmx.setflags(write=False)
+    layer_out.setflags(write=False)
+    return cmx, layer_out, _batch_of(nodes)
 
 
 def _batch(
     graph: int,
     nodes: list[Segment],
+    info: tuple[np.ndarray, np.ndarray, int],
     gran: str,
     t_begin: int,
     ask_ns: list[int],
     done_ns: list[int],
     t_end: int,
-    costs: NodeCosts,
 ) -> GraphBatch:
-    cmx = np.array([costs.of(nd.op, nd.shape) for nd in nodes], dtype=np.float64)
+    cmx, layer_out, n_tokens = info
     n = len(ask_ns)
     return GraphBatch(
         graph=graph,
         phase="prefill" if nodes[0].phase == "prefill" else "decode",
-        n_tokens=_batch_of(nodes),
+        n_tokens=n_tokens,
         granularity=gran,
         t_begin_ns=t_begin,
         t_first_ns=ask_ns[0],
@@ -713,7 +1083,7 @@ def _batch(
         c_ns=cmx[:n, 0],
         m_ns=cmx[:n, 1],
         launch=cmx[:n, 2],
-        layer_out=np.array([_is_layer_out(nd.name) for nd in nodes[:n]], dtype=bool),
+        layer_out=layer_out[:n],
     )
 
 

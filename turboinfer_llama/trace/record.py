@@ -5,6 +5,7 @@ Format: JSON ``{"version": 1, "meta": {...}, "events": [Event.to_json(), ...]}``
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Iterable
@@ -33,13 +34,38 @@ def save_trace(
     return p
 
 
+def _loads(data: bytes) -> Any:
+    """JSON text to Python: orjson when installed (about 4x faster on a recording of
+    hundreds of thousands of node events), else the standard library."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - orjson is a dependency; json still works
+        return json.loads(data)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise json.JSONDecodeError(str(e), "", 0) from e
+
+
 def load_trace(path: str | os.PathLike[str]) -> tuple[list[Event], dict[str, Any]]:
     p = Path(path)
+    # millions of small objects, none in a cycle: the cyclic collector would rescan
+    # them all again and again while they are built (half the load time)
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        doc = json.loads(p.read_text())
+        return _load(p)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load(p: Path) -> tuple[list[Event], dict[str, Any]]:
+    try:
+        doc = _loads(p.read_bytes())
     except FileNotFoundError:
         raise
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise TraceFormatError(f"{p}: not a readable JSON trace ({e})") from e
     if not isinstance(doc, dict) or doc.get("version") != TRACE_VERSION:
         raise TraceFormatError(f"{p}: not a turboinfer trace (expected version {TRACE_VERSION})")
@@ -60,26 +86,49 @@ def _events(raw: list[dict[str, Any]]) -> list[Event]:
     append = out.append
     for d in raw:
         sh = d.get("shape")
-        if sh is None:
-            d = dict(d)
-            d["kind"] = kinds[d["kind"]]
-            append(Event(**d))
+        shape = None
+        if sh is not None:
+            ne, s0, s1 = sh.get("ne"), sh.get("src0_ne"), sh.get("src1_ne")
+            key = (
+                len(sh),
+                tuple(ne) if ne is not None else None,
+                sh.get("type"),
+                tuple(s0) if s0 is not None else None,
+                sh.get("src0_type"),
+                tuple(s1) if s1 is not None else None,
+                sh.get("src1_type"),
+                sh.get("nbytes"),
+            )
+            shape = shapes.get(key)
+            if shape is None:
+                shape = shapes[key] = Event.from_json(  # type: ignore[assignment]
+                    {"kind": d["kind"], "t_ns": 0, "shape": sh}
+                ).shape
+        if not d.keys() <= _KNOWN:
+            extra = dict(d)  # a key Event does not know: let Event refuse it
+            extra["kind"] = kinds[d["kind"]]
+            extra["shape"] = shape
+            append(Event(**extra))
             continue
-        key = (
-            len(sh),
-            tuple(sh["ne"]) if sh.get("ne") is not None else None,
-            sh.get("type"),
-            tuple(sh["src0_ne"]) if sh.get("src0_ne") is not None else None,
-            sh.get("src0_type"),
-            tuple(sh["src1_ne"]) if sh.get("src1_ne") is not None else None,
-            sh.get("src1_type"),
-            sh.get("nbytes"),
+        get = d.get
+        append(
+            Event(
+                kinds[d["kind"]],
+                d["t_ns"],
+                get("graph", -1),
+                get("node", -1),
+                get("op", ""),
+                get("name", ""),
+                get("layer", -1),
+                get("token", -1),
+                get("n_tokens", 0),
+                shape,
+                get("detail", ""),
+            )
         )
-        shape = shapes.get(key)
-        if shape is None:
-            shape = shapes[key] = Event.from_json({"kind": d["kind"], "t_ns": 0, "shape": sh}).shape  # type: ignore[assignment]
-        d = dict(d)
-        d["kind"] = kinds[d["kind"]]
-        d["shape"] = shape
-        append(Event(**d))
     return out
+
+
+_KNOWN = frozenset(
+    ("kind", "t_ns", "graph", "node", "op", "name", "layer", "token", "n_tokens", "shape", "detail")
+)
