@@ -76,6 +76,9 @@ class NodeCosts:
         self._by_shape: dict[tuple[str, NodeShape | None], tuple[float, float, float]] = {}
         self._max = max_entries
         self._graphs: list[tuple[np.ndarray, _Costs]] = []
+        # replay's twin of the per-graph cache, keyed by the nodes' (op, shape,
+        # layer output): (compute ns, memory ns, launch, layer output) arrays
+        self.by_nodes: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.graph_hits = 0
 
     def of_graph(self, asks: np.ndarray) -> _Costs:

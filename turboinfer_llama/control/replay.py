@@ -928,9 +928,7 @@ def _shared_graphs(segments: Sequence[Segment]) -> list[Segment]:
     return _SHARED[1]
 
 
-def _shared_node_info(
-    given: Sequence[Segment], segments: list[Segment]
-) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+def _shared_node_info(given: Sequence[Segment], segments: list[Segment]) -> dict[int, _NodeInfo]:
     """Per graph of the last segments list given: ``_node_info``, filled as replays
     reach each graph (a fresh dict for another list)."""
     if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
@@ -1048,28 +1046,42 @@ def _is_layer_out(name: str) -> bool:
     return name.startswith(LAYER_OUT_PREFIX_STR)
 
 
-def _node_info(nodes: list[Segment], costs: NodeCosts) -> tuple[np.ndarray, np.ndarray, int]:
+_NodeInfo = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+
+
+def _node_info(nodes: list[Segment], costs: NodeCosts) -> _NodeInfo:
     """A graph's node costs (compute ns, memory ns, launch), its layer outputs and its
-    batch size: the same in every replay of the trace (read-only: shared by them)."""
-    cmx = np.array([costs.of(nd.op, nd.shape) for nd in nodes], dtype=np.float64)
-    layer_out = np.array([_is_layer_out(nd.name) for nd in nodes], dtype=bool)
-    cmx.setflags(write=False)
-    layer_out.setflags(write=False)
-    return cmx, layer_out, _batch_of(nodes)
+    batch size: the same in every replay of the trace (read-only: shared by them).
+    Graphs of one shape share the very same arrays, as the live ingest hands them out
+    (the planner keys its per-shape work on their identity)."""
+    key = tuple((nd.op, nd.shape, _is_layer_out(nd.name)) for nd in nodes)
+    got = costs.by_nodes.get(key)
+    if got is None:
+        cmx = np.array([costs.of(op, shape) for op, shape, _ in key], dtype=np.float64)
+        layer_out = np.array([out for _, _, out in key], dtype=bool)
+        c, m, launch = (np.ascontiguousarray(cmx[:, j]) for j in range(3))
+        got = (c, m, launch, layer_out)
+        for a in got:
+            a.setflags(write=False)
+        if len(costs.by_nodes) < 4096:
+            costs.by_nodes[key] = got
+    return (*got, _batch_of(nodes))
 
 
 def _batch(
     graph: int,
     nodes: list[Segment],
-    info: tuple[np.ndarray, np.ndarray, int],
+    info: _NodeInfo,
     gran: str,
     t_begin: int,
     ask_ns: list[int],
     done_ns: list[int],
     t_end: int,
 ) -> GraphBatch:
-    cmx, layer_out, n_tokens = info
+    c_ns, m_ns, launch, layer_out, n_tokens = info
     n = len(ask_ns)
+    if n != len(c_ns):  # a graph cut short: its asked nodes only
+        c_ns, m_ns, launch, layer_out = c_ns[:n], m_ns[:n], launch[:n], layer_out[:n]
     return GraphBatch(
         graph=graph,
         phase="prefill" if nodes[0].phase == "prefill" else "decode",
@@ -1080,10 +1092,10 @@ def _batch(
         t_end_ns=t_end,
         ask_ns=np.asarray(ask_ns, dtype=np.int64),
         done_ns=np.asarray(done_ns, dtype=np.int64),
-        c_ns=cmx[:n, 0],
-        m_ns=cmx[:n, 1],
-        launch=cmx[:n, 2],
-        layer_out=layer_out[:n],
+        c_ns=c_ns,
+        m_ns=m_ns,
+        launch=launch,
+        layer_out=layer_out,
     )
 
 

@@ -545,15 +545,15 @@ class TubeMPC:
             energy_1[:lowest] = np.inf
             block_e = block_e.copy()
             block_e[:, :lowest] = np.inf
-        # every graph of the horizon has the template's tables (read-only views)
-        energy = np.broadcast_to(energy_1, (nc, self.n_levels))
+        # every graph of the horizon has the template's tables
+        energy = energy_1[None].repeat(nc, 0)
         # plans below the top have lately slowed their graphs this many times what
         # was planned (a model shape error at the levels used, switches landing later
         # than planned): the solve scales every slowdown by it, so the same debt is
         # not borrowed again graph after graph
         k = self._slow_gain * max(1.0, self._gain_err.estimate().upper_ns)
         top_col = tpl.graph_ns[self.top]
-        time_ns = np.broadcast_to(top_col + k * (tpl.graph_ns - top_col), (nc, self.n_levels))
+        time_ns = (top_col + k * (tpl.graph_ns - top_col))[None].repeat(nc, 0)
         block_ns = tpl.block_ns[:, self.top : self.top + 1]
         block_ns = block_ns + k * (tpl.block_ns - block_ns)
         d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc
@@ -589,7 +589,7 @@ class TubeMPC:
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         first = int(blocks[0])
         # each block's predicted start (offset from the graph's first kernel)
-        block_t = tpl.block_ns[np.arange(len(blocks)), blocks]
+        block_t = tpl.block_ns.ravel()[blocks + self.n_levels * np.arange(len(blocks))]
         block_ends = np.cumsum(block_t)
         # the model's own prediction (the gain is learnt against it) and its time at
         # the top level
