@@ -310,27 +310,48 @@ TI_API size_t ti_config_size(void)
 	return sizeof(struct ti_hook_config);
 }
 
-TI_API int ti_record_same_shape(const struct ti_record *a, const struct ti_record *b,
-				size_t n)
+/* Records agree in every byte but t_ns, graph and node: [ne, node) and (node, end). */
+static bool ti_record_shape_eq(const struct ti_record *a, const struct ti_record *b)
 {
-	/* [ne, node) and (node, end): everything but t_ns, graph and node */
 	const size_t lo0 = offsetof(struct ti_record, ne);
 	const size_t hi0 = offsetof(struct ti_record, node);
 	const size_t lo1 = hi0 + sizeof(a->node);
-	size_t i;
+	const char *x = (const char *)a, *y = (const char *)b;
 
 	_Static_assert(offsetof(struct ti_record, ne) == 2 * sizeof(int64_t),
 		       "t_ns and graph lead the record");
+	return memcmp(x + lo0, y + lo0, hi0 - lo0) == 0 &&
+	       memcmp(x + lo1, y + lo1, sizeof(struct ti_record) - lo1) == 0;
+}
+
+TI_API int ti_record_same_shape(const struct ti_record *a, const struct ti_record *b,
+				size_t n)
+{
+	size_t i;
+
 	if (n > 0 && (a == NULL || b == NULL))
 		return 0;
 	for (i = 0; i < n; i++) {
-		const char *x = (const char *)&a[i], *y = (const char *)&b[i];
-
-		if (memcmp(x + lo0, y + lo0, hi0 - lo0) != 0 ||
-		    memcmp(x + lo1, y + lo1, sizeof(struct ti_record) - lo1) != 0)
+		if (!ti_record_shape_eq(&a[i], &b[i]))
 			return 0;
 	}
 	return 1;
+}
+
+TI_API int ti_record_scan(const struct ti_record *rec, size_t n, uint64_t graph,
+			  const struct ti_record *seen, int64_t *t_ns_out)
+{
+	bool own = true, same = seen != NULL;
+	size_t i;
+
+	if (n > 0 && (rec == NULL || t_ns_out == NULL))
+		return 0;
+	for (i = 0; i < n; i++) {
+		t_ns_out[i] = rec[i].t_ns;
+		own = own && rec[i].graph == graph && rec[i].phase == TI_ASK;
+		same = same && ti_record_shape_eq(&rec[i], &seen[i]);
+	}
+	return (own ? TI_SCAN_OWN_ASKS : 0) | (same ? TI_SCAN_SAME_SHAPE : 0);
 }
 
 #define TI_FIELD(f) { #f, offsetof(struct ti_record, f) }

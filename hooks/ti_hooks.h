@@ -115,6 +115,19 @@ TI_API void ti_hook_set_executor(struct ti_hook *h, struct ti_exec *ex);
 TI_API int ti_record_same_shape(const struct ti_record *a, const struct ti_record *b,
 				size_t n);
 
+/*
+ * One pass over a drained graph's records for the ingest: copies each record's t_ns to
+ * t_ns_out (n entries) and returns a bit set: TI_SCAN_OWN_ASKS when every record is an
+ * ask of graph `graph`, TI_SCAN_SAME_SHAPE when `seen` (n records, may be NULL) has the
+ * same shape (ti_record_same_shape). Reads each array once, allocates nothing.
+ */
+enum ti_scan_flags {
+	TI_SCAN_OWN_ASKS = 1,
+	TI_SCAN_SAME_SHAPE = 2,
+};
+TI_API int ti_record_scan(const struct ti_record *rec, size_t n, uint64_t graph,
+			  const struct ti_record *seen, int64_t *t_ns_out);
+
 /* ABI checks for the Python side. */
 TI_API size_t ti_record_size(void);
 TI_API size_t ti_config_size(void);

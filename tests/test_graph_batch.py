@@ -95,3 +95,24 @@ def test_mixed_ring_selects_the_graphs_asks_and_completions(graphs):
     other = _batch(ring, 2, costs, "kernel")
     np.testing.assert_array_equal(other.ask_ns, b["t_ns"])
     assert (other.done_ns == -1).all()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_scan_flags_own_asks_and_shape(monkeypatch, graphs, native):
+    if not native:
+        monkeypatch.setattr(hooks, "_NATIVE_LIB", None)
+    elif not hooks.NATIVE_AVAILABLE:
+        pytest.skip("hook library not built")
+    a, b = graphs[1], graphs[2]
+    own, same, t_ns = hooks.records_scan(b, 2, a)
+    assert (own, same) == (True, True)
+    np.testing.assert_array_equal(t_ns, b["t_ns"])
+    assert hooks.records_scan(b, 1, a)[:2] == (False, True)  # another graph's records
+    done = b.copy()
+    done["phase"][3] = 1
+    assert hooks.records_scan(done, 2, a)[:2] == (False, True)  # a completion inside
+    shape = b.copy()
+    shape["src0_ne"][7, 0] += 1
+    assert hooks.records_scan(shape, 2, a)[:2] == (True, False)
+    assert hooks.records_scan(b, 2, None)[:2] == (True, False)  # nothing seen yet
+    assert hooks.records_scan(b, 2, a[:-1])[:2] == (True, False)  # another length

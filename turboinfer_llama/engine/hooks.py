@@ -177,6 +177,7 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_config_size", ctypes.c_size_t, []),
             ("ti_record_field_offset", ctypes.c_int64, [ctypes.c_char_p]),
             ("ti_record_same_shape", ctypes.c_int, [vp, vp, ctypes.c_size_t]),
+            ("ti_record_scan", ctypes.c_int, [vp, ctypes.c_size_t, ctypes.c_uint64, vp, vp]),
         ]:
             fn = getattr(lib, name)
             fn.restype = restype
@@ -220,6 +221,33 @@ def records_same_shape(a: np.ndarray, b: np.ndarray) -> bool:
     if lib is not None and a.flags.c_contiguous and b.flags.c_contiguous:
         return bool(lib.ti_record_same_shape(a.ctypes.data, b.ctypes.data, len(a)))
     return bool(np.array_equal(_shape_bytes(a), _shape_bytes(b)))
+
+
+def records_scan(
+    rec: np.ndarray, graph: int, seen: np.ndarray | None
+) -> tuple[bool, bool, np.ndarray]:
+    """One pass over a drained graph's records: (every record is an ask of ``graph``,
+    ``seen`` has the same shape (:func:`records_same_shape`), each record's t_ns). In C
+    where built: the records are read once (each is 240 bytes, so every field read in
+    numpy touches all of them again)."""
+    n = len(rec)
+    lib = _NATIVE_LIB
+    if seen is not None and (len(seen) != n or seen.dtype != RECORD_DTYPE):
+        seen = None
+    if (
+        lib is not None
+        and rec.dtype == RECORD_DTYPE
+        and rec.flags.c_contiguous
+        and (seen is None or seen.flags.c_contiguous)
+    ):
+        t_ns = np.empty(n, dtype=np.int64)
+        got = lib.ti_record_scan(
+            rec.ctypes.data, n, graph, None if seen is None else seen.ctypes.data, t_ns.ctypes.data
+        )
+        return bool(got & 1), bool(got & 2), t_ns
+    own = bool((rec["graph"] == graph).all() and not rec["phase"].any())
+    same = seen is not None and records_same_shape(rec, seen)
+    return own, same, rec["t_ns"].astype(np.int64)
 
 
 def _eval_callback_type() -> Any:
