@@ -110,7 +110,8 @@ def test_scan_flags_own_asks_and_shape(monkeypatch, graphs, native):
     assert hooks.records_scan(b, 1, a)[:2] == (False, True)  # another graph's records
     done = b.copy()
     done["phase"][3] = 1
-    assert hooks.records_scan(done, 2, a)[:2] == (False, True)  # a completion inside
+    # a completion inside: not only asks (and its phase byte differs from the asks)
+    assert hooks.records_scan(done, 2, a)[:2] == (False, False)
     shape = b.copy()
     shape["src0_ne"][7, 0] += 1
     assert hooks.records_scan(shape, 2, a)[:2] == (True, False)
