@@ -179,3 +179,110 @@ def test_busy_holds_deferred_work_until_the_response_is_out(tiny_gguf):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert power.stats(settle=False)["energy"]["accounting"]["settled_requests"] == 1
+
+
+def _worker_locks(power: PowerSession) -> list:
+    """Every lock a worker (the session's timeline worker, settling, the engine's
+    drain) may hold for long: derivation, the timeline (a settle's eviction), the
+    pending list, the account's settle and bookkeeping, the hook's ring."""
+    account = power._account
+    assert account is not None and power.hook is not None
+    return [
+        power._derive_lock,
+        power._timeline._lock,
+        power._swap_lock,
+        power._held_lock,
+        account._replay_lock,
+        account._lock,
+        power.hook._lock,  # type: ignore[attr-defined]
+    ]
+
+
+def test_power_and_metrics_take_no_worker_lock(served):
+    """The read path is lock-free towards the workers: with every lock they use held
+    by this thread, ``/v1/power`` and ``/metrics`` still answer (with the old read
+    path they block on the timeline's lock until it is released)."""
+    client, _ = served
+    for i in range(2):
+        body = {"model": MODEL, "prompt": f"hello {i}", "stream": i == 1, **GREEDY}
+        assert client.post("/v1/completions", json=body).status_code == 200
+    _, llm = adapter.loaded_model()
+    llm.power.SETTLE_QUIET_NS = 0  # let the worker derive and settle, then hold it
+    deadline = time.monotonic() + 60
+    while not client.get("/v1/power").json()["accounting"]["settled"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    locks = _worker_locks(llm.power)
+    answers: dict[str, object] = {}
+
+    def read() -> None:
+        for path in ("/v1/power", "/metrics"):
+            r = client.get(path)
+            answers[path] = (r.status_code, r.json() if path == "/v1/power" else r.text)
+
+    for lock in locks:
+        assert lock.acquire(timeout=30)
+    try:
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(60)  # a deadlock detector, not a latency bound
+        blocked = reader.is_alive()
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+    reader.join(60)
+    assert not blocked, "a power read waited for a worker's lock"
+    status, doc = answers["/v1/power"]
+    assert status == 200 and isinstance(doc, dict)
+    assert doc["requests"]["engine_requests"] == 2
+    assert doc["timeline"]["total_events"] > 0  # the published figures, not empty ones
+    assert doc["accounting"]["settled"] is True
+    assert answers["/metrics"][0] == 200
+    assert "turboinfer_stall_seconds" in str(answers["/metrics"][1])
+
+
+def test_power_and_metrics_never_use_the_thread_pool(served, monkeypatch):
+    """Both answer inline on the event loop, API-key check included: no thread-pool
+    hop (each is a GIL hand-off that waits behind the engine and the streams)."""
+    import anyio.to_thread
+
+    client, _ = served
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", **GREEDY})
+    hops: list[str] = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(fn, *args, **kwargs):
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    for path in ("/v1/power", "/metrics", "/v1/power"):
+        assert client.get(path).status_code == 200
+    assert hops == []
+    # the counter sees hops where there are some: llama-cpp-python's /v1/models reads
+    # its settings through a generator dependency run in the thread pool
+    assert client.get("/v1/models").status_code == 200
+    assert hops
+
+
+def test_stats_unsettled_read_matches_a_locked_read(tiny_gguf):
+    """``stats(settle=False)`` reads published timeline figures; once the worker is
+    done they are the same as a read under the locks."""
+    from turboinfer_llama import Llama
+
+    with Llama(model_path=str(tiny_gguf), n_ctx=256, verbose=False, power={"device": "sim"}) as llm:
+        power = llm.power
+        assert power is not None
+        power.SETTLE_QUIET_NS = 0
+        for i in range(3):
+            llm.create_completion(f"hello {i}", max_tokens=8, temperature=0.0)
+        deadline = time.monotonic() + 60
+        while not power.stats(settle=False)["energy"]["accounting"]["settled"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        fast = power.stats(settle=False)
+        slow = power.stats(settle=True)
+        for key in ("events", "kernels", "stalls", "timeline", "events_dropped", "requests"):
+            assert fast[key] == slow[key], key
+        assert fast["timeline"]["total_events"] > 0
+        assert fast["hook"] == slow["hook"]

@@ -123,6 +123,10 @@ class PowerSession:
         if isinstance(live, SimulatedAccount):
             self._sinks.append(live.add)
         self._wake = threading.Event()
+        # the timeline's figures as of the last derivation or settle: what stats(settle=
+        # False) reads, with no lock a worker holds (a settle's eviction can hold the
+        # timeline's lock for tens of ms)
+        self._tl_figures = self._timeline_figures()
         self._worker = threading.Thread(target=self._work, name="turboinfer-timeline", daemon=True)
         self._worker.start()
         _OPEN_SESSIONS.add(self)
@@ -358,6 +362,7 @@ class PowerSession:
             return
         account.flush(stop=self._yield_settling, pause=self._hold_settling)
         self._timeline.mark_settled(account.settled_upto)
+        self._tl_figures = self._timeline_figures()
         if account.unsettled_segments == 0:
             _trim_heap()
 
@@ -368,24 +373,30 @@ class PowerSession:
         ``yield_to_requests`` (the worker): stop as soon as a request starts decoding,
         unless the backlog is over ``WAKE_RECORDS``, and leave the rest pending."""
         with self._derive_lock:
-            with self._swap_lock:
-                items, self._pending = self._pending, []
-                backlog, self._pending_records = self._pending_records, 0
-            tl = self._timeline
-            account = self.live if isinstance(self.live, SimulatedAccount) else None
-            for n, item in enumerate(items):
-                if yield_to_requests and self._busy and backlog <= self._wake_records:
-                    self._requeue(items[n:])
-                    return
-                if isinstance(item, Event):
-                    self._publish(tl.append(item))
-                    if account is not None and item.kind is EventKind.REQUEST_END:
-                        account.request_done()
-                    continue
-                backlog -= len(item)
-                for i in range(0, len(item), self.SLICE_RECORDS):
-                    self._publish(tl.extend(self._decode_raw(item[i : i + self.SLICE_RECORDS])))
-                    time.sleep(0)  # let the decode thread take the GIL between slices
+            try:
+                self._derive(yield_to_requests)
+            finally:
+                self._tl_figures = self._timeline_figures()
+
+    def _derive(self, yield_to_requests: bool) -> None:
+        with self._swap_lock:
+            items, self._pending = self._pending, []
+            backlog, self._pending_records = self._pending_records, 0
+        tl = self._timeline
+        account = self.live if isinstance(self.live, SimulatedAccount) else None
+        for n, item in enumerate(items):
+            if yield_to_requests and self._busy and backlog <= self._wake_records:
+                self._requeue(items[n:])
+                return
+            if isinstance(item, Event):
+                self._publish(tl.append(item))
+                if account is not None and item.kind is EventKind.REQUEST_END:
+                    account.request_done()
+                continue
+            backlog -= len(item)
+            for i in range(0, len(item), self.SLICE_RECORDS):
+                self._publish(tl.extend(self._decode_raw(item[i : i + self.SLICE_RECORDS])))
+                time.sleep(0)  # let the decode thread take the GIL between slices
 
     def _requeue(self, items: list[Any]) -> None:
         """Put undone items back in front of whatever arrived meanwhile."""
@@ -422,14 +433,17 @@ class PowerSession:
         it never decodes, replays or waits for either (the server's ``/v1/power``)."""
         if settle:
             self.materialize()
-        tl = self._timeline
-        totals = tl.totals()
+            energy = self.energy()
+            totals, window, overflow = self._timeline_figures()
+        else:
+            # no lock: the figures the last derivation or settle published, and the
+            # settled energy (published likewise)
+            energy = self.settled_energy()
+            totals, window, overflow = self._tl_figures
         hook = self._hook
-        energy = self.energy() if settle else self.settled_energy()
         accounting = energy.get("accounting") if energy else None
         if isinstance(accounting, dict):
-            with self._swap_lock:
-                pending = len(self._pending)
+            pending = len(self._pending)  # one read of a list's length (atomic)
             energy = {
                 **energy,  # type: ignore[dict-item]
                 "accounting": {
@@ -443,14 +457,14 @@ class PowerSession:
             "in_flight": self._in_flight,
             "tokens": self._tokens,
             "events": totals["events"],
-            "events_dropped": tl.dropped,
-            "timeline": tl.window(),
+            "events_dropped": window["events_dropped"],
+            "timeline": window,
             "kernels": totals["kernels"],
             "stalls": totals["stalls"],
             "hook": {
                 "granularity": self.settings.granularity,
                 "native": bool(hook and hook.native),
-                "overflow": hook.overflow if hook else 0,
+                "overflow": overflow,
                 "attached": hook is not None,
             },
             "device": energy.get("device") if energy else None,
@@ -468,7 +482,16 @@ class PowerSession:
         out = self.live.summary()
         if self._account is not None:
             self._timeline.mark_settled(self._account.settled_upto)
+            self._tl_figures = self._timeline_figures()
         return out
+
+    def _timeline_figures(
+        self,
+    ) -> tuple[dict[str, Any], dict[str, int | bool | None], int]:
+        """(totals, window, hook overflow) now; takes the timeline's and hook's locks."""
+        hook = self._hook
+        tl = self._timeline
+        return tl.totals(), tl.window(), (hook.overflow if hook else 0)
 
     def settled_energy(self) -> dict[str, Any] | None:
         """``energy()`` as last settled by the worker, at once (no replay, no wait)."""

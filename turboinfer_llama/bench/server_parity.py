@@ -25,7 +25,9 @@ template), greedy, with raw HTTP (httpx) so both servers see the same client.
    ``--concurrent-s`` seconds, one server at a time. Counts streams, errors (HTTP or
    transport errors, error events) and cut streams (ended without a finish reason;
    llama-cpp-python's default ``interrupt_requests=True`` cuts a running stream when
-   another request waits), and samples RSS (peak).
+   another request waits), and samples RSS (peak). Ours: ``GET /v1/power`` and
+   ``/metrics`` every 0.5 s, timed from the clients' process and from a process of
+   its own (the clients' SSE parsing delays the former; target: 100 ms).
 3. **Memory**: sequential streamed requests until each server has generated
    ``--rss-tokens`` tokens in all phases together; RSS of both afterwards (ours
    settled), growth from just after start, and the ratio ours/theirs (target: within
@@ -40,6 +42,7 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -55,6 +58,21 @@ PROMPTS = (
     "List five uses of a paperclip and describe each one briefly.",
 )
 TARGETS = {"latency": 0.98, "tokens_per_s": 0.99, "ttft": 0.98}
+# GET /v1/power then /metrics every 0.5 s until terminated; prints the slower of the
+# two in ms per poll (a process of its own, so the load's clients do not delay it)
+_POLLER = """
+import signal, sys, time, httpx
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+with httpx.Client(base_url=sys.argv[1], timeout=600) as h:
+    while True:
+        ms = []
+        for path in ("/v1/power", "/metrics"):
+            t0 = time.perf_counter()
+            h.get(path).raise_for_status()
+            ms.append((time.perf_counter() - t0) * 1e3)
+        print(f"{max(ms):.2f}", flush=True)
+        time.sleep(0.5)
+"""
 
 
 def rss_bytes(pid: int) -> int:
@@ -216,6 +234,17 @@ def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
     before = side.rss
     threads = [threading.Thread(target=client, args=(k,)) for k in range(n)]
     watch = threading.Thread(target=sampler, daemon=True)
+    # the same GETs from a process of their own: the sampler above shares its GIL with
+    # the n streaming clients, whose SSE parsing delays it too
+    poller = (
+        subprocess.Popen(
+            [sys.executable, "-c", _POLLER, side.server.url],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if side.name == "ours"
+        else None
+    )
     watch.start()
     t0 = time.perf_counter()
     for t in threads:
@@ -225,6 +254,11 @@ def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
     elapsed = time.perf_counter() - t0
     done.set()
     watch.join()
+    polled_ms = [math.nan]
+    if poller is not None:
+        poller.terminate()
+        out, _ = poller.communicate()
+        polled_ms = [float(x) for x in out.split()] or [math.nan]
     after_ms = power_get_ms(side) if side.name == "ours" else (math.nan, math.nan)
     side.tokens += tally["tokens"]
     return {
@@ -233,6 +267,8 @@ def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
         "rss_before": before,
         "rss_peak": peak[0],
         "power_ms_during_max": max(during_ms, default=math.nan),
+        "power_ms_during_max_own_process": max(polled_ms),
+        "power_polls_own_process": len(polled_ms),
         "power_ms_after": after_ms,
     }
 
@@ -333,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
                 p_ms, m_ms = c["power_ms_after"]
                 extra = (
                     f"; GET /v1/power, /metrics: slowest during the load "
-                    f"{c['power_ms_during_max']:.1f} ms, right after it {p_ms:.1f} ms, "
+                    f"{c['power_ms_during_max']:.1f} ms (from the clients' process), "
+                    f"{c['power_ms_during_max_own_process']:.1f} ms (own process, "
+                    f"{c['power_polls_own_process']} polls), right after it {p_ms:.1f} ms, "
                     f"{m_ms:.1f} ms; then {wait_settled(ours):.1f} s to settle"
                 )
             print(

@@ -103,6 +103,7 @@ class RequestLedger:
         self._recent: deque[RequestRecord] = deque(maxlen=keep)
         self._by_engine: dict[tuple[int, int], RequestRecord] = {}
         self.total = 0
+        self.open = 0  # model requests not finished yet
         self.by_status: dict[str, int] = {}
         self.settled_requests = 0
 
@@ -113,6 +114,7 @@ class RequestLedger:
                     self._by_engine.pop(key, None)
             self._recent.append(rec)
             self.total += 1
+            self.open += 1
 
     def begin_generation(self, rec: RequestRecord, key: tuple[int, int], settles: bool) -> None:
         """``rec`` is running engine request ``key`` (session key, index) from now on."""
@@ -149,6 +151,7 @@ class RequestLedger:
             rec.status = status
             rec.http_status = http_status
             rec.ended_ns = now_ns()
+            self.open -= 1
             self.by_status[status] = self.by_status.get(status, 0) + 1
 
     def recent(self) -> list[dict[str, Any]]:

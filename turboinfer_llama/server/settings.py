@@ -116,6 +116,14 @@ class TurboServerSettings(ServerSettings):
         description="False (default, as llama-cpp-python): any model name is served by "
         "the loaded model. True: an unknown model name gets 404 model_not_found.",
     )
+    heap_freeze_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="Every this many seconds, move the objects that survived into Python's "
+        "permanent GC generation, so a full garbage collection (which holds the GIL) "
+        "never walks the startup heap or the accounting backlog; garbage cycles among "
+        "them are reclaimed once the server is quiet. 0: off (Python's default GC).",
+    )
 
 
 class TurboSettings(TurboServerSettings, TurboModelSettings):
