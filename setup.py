@@ -42,7 +42,12 @@ class OptionalBuildExt(build_ext):
 hooks_ext = Extension(
     "turboinfer_llama._ti_hooks",
     sources=["hooks/ti_hooks.c", "hooks/ti_exec.c", "hooks/ti_plan.c"],
-    depends=["hooks/ti_hooks.h", "hooks/ti_exec.h", "hooks/ti_plan.h", "kernel_module/turboinfer_uapi.h"],
+    depends=[
+        "hooks/ti_hooks.h",
+        "hooks/ti_exec.h",
+        "hooks/ti_plan.h",
+        "kernel_module/turboinfer_uapi.h",
+    ],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
     libraries=["pthread", "m"],
 )

@@ -286,3 +286,35 @@ def test_stats_unsettled_read_matches_a_locked_read(tiny_gguf):
             assert fast[key] == slow[key], key
         assert fast["timeline"]["total_events"] > 0
         assert fast["hook"] == slow["hook"]
+
+
+def test_a_real_device_is_read_off_the_event_loop(served, monkeypatch):
+    """With a real device the figures read its current clock (sysfs, adb), which can
+    block: both endpoints then go to the thread pool, never onto the event loop."""
+    import types
+
+    import anyio.to_thread
+
+    from turboinfer_llama.live import RealDeviceControl
+    from turboinfer_llama.server import app as app_module
+
+    client, _ = served
+    assert not app_module._reads_hardware()  # the simulated device: inline
+    real_live = object.__new__(RealDeviceControl)
+    fake_llm = types.SimpleNamespace(power=types.SimpleNamespace(live=real_live))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(app_module.adapter, "loaded_model", lambda: ("m", fake_llm))
+        assert app_module._reads_hardware()
+
+    hops: list[str] = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(fn, *args, **kwargs):
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    monkeypatch.setattr(app_module, "_reads_hardware", lambda: True)
+    for path in ("/v1/power", "/metrics"):
+        assert client.get(path).status_code == 200
+    assert len(hops) >= 2, hops

@@ -6,13 +6,14 @@ settle=False)``): they never decode, replay or wait for the accounting worker, s
 answer at once, also right after a burst of requests. What is not settled yet shows
 as ``accounting.settled: false`` and per request as ``energy_status: "pending"``.
 
-They run inline on the event loop, API-key check included: no thread-pool hop (each
-hop is a GIL hand-off that waits behind the engine, the planner and the streams under
-load). That is safe because the read takes no lock that a worker holds for more than
-a few dict reads: the session's figures are published snapshots (``stats(settle=
-False)``), and the ledger's lock only guards O(1) bookkeeping and the reader's own
-copy of the recent requests. ``HeapFreezer`` keeps the cycle collector's full
-collections short (``heap.py``)."""
+With the simulated device they run inline on the event loop, API-key check included:
+no thread-pool hop (each hop is a GIL hand-off that waits behind the engine, the
+planner and the streams under load). With a real device they go to the thread pool,
+since reading its current clock (sysfs, adb) can block. Inline is safe because the
+read takes no lock that a worker holds for more than a few dict reads: the session's
+figures are published snapshots (``stats(settle=False)``), and the ledger's lock only
+guards O(1) bookkeeping and the reader's own copy of the recent requests.
+``HeapFreezer`` keeps the cycle collector's full collections short (``heap.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
+from ..live import RealDeviceControl
 from . import adapter, telemetry
 from .heap import HeapFreezer
 from .metering import RequestLedger, served_llama_class
@@ -96,13 +99,28 @@ def _power_router(ledger: RequestLedger, api_key: str | None) -> APIRouter:
     # module's docstring); tests/test_server_power_latency.py holds those locks.
     @router.get("/v1/power", summary="Power telemetry of the loaded model")
     async def get_power() -> dict[str, Any]:
+        if _reads_hardware():
+            return await run_in_threadpool(power_report, ledger)
         return power_report(ledger)
 
     @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def get_metrics() -> Response:
-        return Response(content=metrics_text(registry), media_type=CONTENT_TYPE)
+        if _reads_hardware():
+            text = await run_in_threadpool(metrics_text, registry)
+        else:
+            text = metrics_text(registry)
+        return Response(content=text, media_type=CONTENT_TYPE)
 
     return router
+
+
+def _reads_hardware() -> bool:
+    """Whether the loaded model's power figures read a real device (its current clock,
+    from sysfs or over adb: a read that can block, so it goes to the thread pool, never
+    onto the event loop). The simulated device's figures are published snapshots."""
+    _, llm = adapter.loaded_model()
+    live = getattr(getattr(llm, "power", None), "live", None)
+    return isinstance(live, RealDeviceControl)
 
 
 def _quiet(ledger: RequestLedger) -> bool:
