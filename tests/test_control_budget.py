@@ -25,11 +25,12 @@ from turboinfer_llama.control.synthetic import make_trace
 from turboinfer_llama.devices import open_device
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 
-# the issue's target is +0.2 point (open in issue 13): on a synthetic grid (4 profiles,
-# both granularities, slack 0/2/5%) the worst excess is +0.04 point since tmpc learns
-# its slowdown gain, but a 40-example run of the property test below at +0.2 found a
-# generated profile over it (shrinking did not finish), so the bound here stays wider
-TOLERANCE = 0.006
+# the issue's target: +0.2 point. Measured with the planned slowdown widened by the
+# upper quantile of the gain's recent overruns: three 40-example runs of the property
+# test below (hypothesis seeds 1, 2, 3) all within it; on a synthetic grid (4 profiles,
+# both granularities, slack 0/2/5%) the worst excess is +0.02 point. Derandomized, so
+# a CI run cannot fail on a draw no other run saw
+TOLERANCE = 0.002
 PROFILES = ("adreno650", "adreno640", "mali-g76", "generic")
 
 
@@ -44,7 +45,12 @@ def _changes(profile, trace, slack: float, granularity: str) -> tuple[float, flo
     return got.tpot_ms / base.tpot_ms - 1.0, got.ttft_ms / base.ttft_ms - 1.0
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     name=st.sampled_from(PROFILES),
     slack=st.sampled_from((0.0, 0.02, 0.05, 0.10)),
@@ -57,9 +63,15 @@ def _changes(profile, trace, slack: float, granularity: str) -> tuple[float, flo
     sigma=st.floats(0.0, 0.25),
     seed=st.integers(0, 1000),
 )
-# the stop-18 regression: +5.4% (kernel) and +11.8% (graph) against a 2% budget
+# the stop-18 regression: +5.4% (kernel) and +11.8% (graph) against a 2% budget; the
+# stop-20 and stop-21 cases over +0.2 point (+5.29% and +5.21% at a 5% budget)
 @example("adreno650", 0.02, "kernel", 500.0, 1.0, 1.0, 0.1, 6.0, 0.0, 0)
 @example("adreno650", 0.02, "graph", 500.0, 1.0, 1.0, 0.1, 6.0, 0.0, 0)
+@example("adreno640", 0.05, "graph", 752.0, 0.0, 0.5, 0.05, 1.5, 0.0, 658)
+@example(
+    "adreno640", 0.05, "kernel", 661.1717734697933, 0.4198242694305766, 0.5,
+    0.19134132716372776, 2.3125, 0.17536583988493434, 840,
+)  # fmt: skip
 def test_tmpc_keeps_the_budget_on_generated_profiles(
     name,
     slack,
