@@ -81,49 +81,61 @@ def phone_segments(segments: Sequence[Segment], profile: SimProfile) -> list[Seg
     recording's granularity dictates. Use with a profile whose ``host_submission_ns``
     is 0 (the shipped ones), so no host cost is counted twice."""
     out: list[Segment] = []
+    append = out.append
     segs = list(segments)
+    inter, submit, sample = StallKind.INTER_KERNEL, StallKind.SUBMIT, StallKind.SAMPLE
+    # no-op or not, by (op, shape object): a recording shares each distinct shape
+    noop: dict[tuple[str, int], bool] = {}
     i = 0
     n = len(segs)
     while i < n:
         s = segs[i]
         if s.kind == "stall":
-            if s.stall is StallKind.INTER_KERNEL:
+            if s.stall is inter:
                 i += 1
                 continue
-            if s.stall in (StallKind.SUBMIT, StallKind.SAMPLE):
+            if s.stall is submit or s.stall is sample:
                 s = _with_dur(s, profile.scale_host_ns(s.dur_ns))
-            out.append(s)
+            append(s)
             i += 1
             continue
         # one graph's run of kernels (inter-kernel stalls in between)
         j = i
+        graph = s.graph
         graph_kernels: list[Segment] = []
-        while j < n and (
-            (segs[j].kind == "kernel" and segs[j].graph == s.graph)
-            or segs[j].stall is StallKind.INTER_KERNEL
-        ):
-            if segs[j].kind == "kernel":
-                graph_kernels.append(segs[j])
+        real: list[bool] = []
+        while j < n:
+            k = segs[j]
+            if k.kind == "kernel" and k.graph == graph:
+                key = (k.op, id(k.shape))
+                nop = noop.get(key)
+                if nop is None:
+                    nop = noop[key] = cost(k.op, k.shape).is_noop
+                graph_kernels.append(k)
+                real.append(not nop)
+            elif k.stall is not inter:
+                break
             j += 1
-        real = [k for k in graph_kernels if not cost(k.op, k.shape).is_noop]
-        gaps = profile.host_gaps_ns(len(real))
-        gap_of = {id(k): int(g) for k, g in zip(real, gaps, strict=True)}
-        for k in graph_kernels:
-            g = gap_of.get(id(k), 0)
-            if g > 0:
-                out.append(
-                    Segment(
-                        "stall",
-                        k.t_ns,
-                        g,
-                        k.phase,
-                        stall=StallKind.INTER_KERNEL,
-                        request=k.request,
-                        token=k.token,
-                        graph=k.graph,
+        gaps = profile.host_gaps_ns(sum(real)).tolist()
+        r = 0
+        for k, is_real in zip(graph_kernels, real, strict=True):
+            if is_real:
+                g = int(gaps[r])
+                r += 1
+                if g > 0:
+                    append(
+                        Segment(
+                            "stall",
+                            k.t_ns,
+                            g,
+                            k.phase,
+                            stall=inter,
+                            request=k.request,
+                            token=k.token,
+                            graph=k.graph,
+                        )
                     )
-                )
-            out.append(k)
+            append(k)
         i = j
     return out
 
@@ -221,7 +233,7 @@ class PhoneTrace:
         n_kernels = 0
         tokens = 0
         index: dict[tuple[int, int], int] = {}
-        costs: dict[Any, tuple[float, float]] = {}
+        costs: dict[tuple[str, int], tuple[float, float]] = {}
         pending_gap = 0  # host_model=False: inter-kernel stall before the next kernel
         i = 0
         n = len(segs)
@@ -275,20 +287,9 @@ class PhoneTrace:
                         pending_gap += int(k.dur_ns)
                     continue
                 sh = k.shape
-                key = (
-                    k.op,
-                    None
-                    if sh is None
-                    else (
-                        sh.ne,
-                        sh.type,
-                        sh.src0_ne,
-                        sh.src0_type,
-                        sh.src1_ne,
-                        sh.src1_type,
-                        sh.nbytes,
-                    ),
-                )
+                # by the shape object: a recording shares each distinct shape (the
+                # segments hold every keyed one alive while its id is a key)
+                key = (k.op, id(sh))
                 work = costs.get(key)
                 if work is None:
                     c = cost(k.op, sh)
