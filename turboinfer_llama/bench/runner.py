@@ -9,10 +9,12 @@ power saving on and off to measure what the plugin costs in engine time.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,7 @@ def replay_all(
     want_issued = accounting is not None
     names = list(cfg.controllers)
     workers = _workers(cfg, len(names), len(segments))
+    _prepare(cfg, segments)
     if workers > 1:
         bounds = _replay_pooled(
             cfg, segments, names, workers, want_issued, results, intervals, issued, progress
@@ -203,6 +206,37 @@ def replay_all(
         oracle_bound.update(bounds)
     if accounting is not None and issued:
         accounting.update(_account_check(cfg, segments, results, issued))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: building a trace's segments, arrays and
+    blocks makes hundreds of thousands of objects, none in a cycle, and the collector
+    would rescan them all again and again while they are built."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _prepare(cfg: BenchConfig, segments: list[Segment]) -> None:
+    """What every controller's run would build from the trace (the accounting's
+    ``PhoneTrace``, replay's per-graph blocks and node costs), built once up front:
+    the runs share it (forked workers inherit it)."""
+    from ..accounting import PhoneTrace
+    from ..control.replay import prepare
+
+    dev = _open_sim(cfg.device)
+    try:
+        if hasattr(dev, "profile"):
+            with _gc_paused():
+                PhoneTrace.shared(segments, dev.profile)
+                prepare(segments, dev)
+    finally:
+        dev.close()
 
 
 def _workers(cfg: BenchConfig, n_controllers: int, n_segments: int) -> int:
@@ -246,18 +280,7 @@ def _replay_pooled(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from ..accounting import PhoneTrace
-    from ..control.replay import prepare
-
     global _POOL_JOB
-    # what every worker would build: built once here, inherited by the fork
-    dev = _open_sim(cfg.device)
-    try:
-        if hasattr(dev, "profile"):
-            PhoneTrace.shared(segments, dev.profile)
-            prepare(segments, dev)
-    finally:
-        dev.close()
     _POOL_JOB = (cfg, segments, want_issued)
     order = sorted(names, key=lambda n: _COST_ORDER.index(n) if n in _COST_ORDER else 1)
     done: dict[str, tuple[ReplayResult, Any, Any]] = {}
@@ -762,9 +785,11 @@ def run_bench(
         segments = segments_of(events)
         if not any(s.kind == "kernel" for s in segments):
             raise BenchError("the trace has no kernels to replay")
+        with _gc_paused():
+            phone = phone_trace(cfg.device, segments)
         replay_all(
             cfg,
-            phone_trace(cfg.device, segments),
+            phone,
             results,
             intervals,
             progress,

@@ -547,6 +547,7 @@ def replay(
     graphs = _graphs(segments)
     costs = NodeCosts()
     node_info = _shared_node_info(given_segments, segments)
+    node_ids = _shared_node_ids(given_segments, segments)
     r = _Runner(controller, device, timer_ns, recorded=recorded)
     if not counters:
         r.on_counters = None
@@ -598,7 +599,7 @@ def replay(
         if started == graph and nodes and ask_ns and r.on_graph is not None:
             info = node_info.get(graph)
             if info is None:
-                info = node_info[graph] = _node_info(nodes, costs)
+                info = node_info[graph] = _node_info(nodes, costs, node_ids)
             batch = _batch(graph, nodes, info, gran, t_begin, ask_ns, done_ns, now)
             delay = plan_delays_ns.get(graph, plan_delay_ns) if plan_delays_ns else plan_delay_ns
             given = graph_inputs_ns.get(graph) if graph_inputs_ns is not None else None
@@ -936,6 +937,14 @@ def _shared_node_info(given: Sequence[Segment], segments: list[Segment]) -> dict
     return _SHARED[2].setdefault("node_info", {})  # type: ignore[no-any-return]
 
 
+def _shared_node_ids(given: Sequence[Segment], segments: list[Segment]) -> dict[tuple, Any]:
+    """``_node_info``'s cache by the nodes' (op, shape object, name) for the last
+    segments list given (it holds every keyed shape alive); a fresh dict for another."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return {}
+    return _SHARED[2].setdefault("node_ids", {})  # type: ignore[no-any-return]
+
+
 def _shared_blocks(
     given: Sequence[Segment], segments: list[Segment], gran: str, submission_ns: int
 ) -> dict[int, tuple[_Block, int]]:
@@ -951,7 +960,8 @@ def _shared_blocks(
 
 def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto") -> None:
     """Build what ``replay(segments, ..., device)`` at ``granularity`` shares between
-    runs of the same trace (its per-graph blocks), e.g. before forking workers."""
+    runs of the same trace (its per-graph blocks, every graph's node costs), e.g.
+    before forking workers."""
     segs = _shared_graphs(segments)
     kernels = [s for s in segs if s.kind == "kernel"]
     gran = granularity
@@ -960,6 +970,13 @@ def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto")
     if gran in ("kernel", "graph"):
         sub = int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0)
         _shared_blocks(segments, segs, gran, sub)
+    # every graph's node costs, in trace order, as the first replay would fill them
+    node_info = _shared_node_info(segments, segs)
+    node_ids = _shared_node_ids(segments, segs)
+    costs = NodeCosts()
+    for graph, nodes in _graphs(segs).items():
+        if graph not in node_info:
+            node_info[graph] = _node_info(nodes, costs, node_ids)
 
 
 def _blocks(
@@ -1049,11 +1066,22 @@ def _is_layer_out(name: str) -> bool:
 _NodeInfo = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
 
 
-def _node_info(nodes: list[Segment], costs: NodeCosts) -> _NodeInfo:
+def _node_info(
+    nodes: list[Segment], costs: NodeCosts, by_ids: dict[tuple, Any] | None = None
+) -> _NodeInfo:
     """A graph's node costs (compute ns, memory ns, launch), its layer outputs and its
     batch size: the same in every replay of the trace (read-only: shared by them).
     Graphs of one shape share the very same arrays, as the live ingest hands them out
-    (the planner keys its per-shape work on their identity)."""
+    (the planner keys its per-shape work on their identity). ``by_ids``: a cache by
+    each node's (op, shape object, name), which a recording's shared shapes make
+    cheap to key (the caller keeps the keyed shapes alive); equal keys there mean
+    equal keys by value, so the same arrays."""
+    ids = None
+    if by_ids is not None:
+        ids = tuple([(nd.op, id(nd.shape), nd.name) for nd in nodes])
+        hit = by_ids.get(ids)
+        if hit is not None:
+            return (*hit, _batch_of(nodes))
     key = tuple((nd.op, nd.shape, _is_layer_out(nd.name)) for nd in nodes)
     got = costs.by_nodes.get(key)
     if got is None:
@@ -1065,6 +1093,8 @@ def _node_info(nodes: list[Segment], costs: NodeCosts) -> _NodeInfo:
             a.setflags(write=False)
         if len(costs.by_nodes) < 4096:
             costs.by_nodes[key] = got
+    if ids is not None and len(by_ids) < 4096:  # type: ignore[arg-type]
+        by_ids[ids] = got  # type: ignore[index]
     return (*got, _batch_of(nodes))
 
 
