@@ -207,6 +207,8 @@ class PhoneTrace:
     _seg_step: np.ndarray | None = field(default=None, repr=False)
     _seg_at_step: np.ndarray | None = field(default=None, repr=False)
     _seg_at_kernel: np.ndarray | None = field(default=None, repr=False)
+    # CPU time ``build`` took (ms on this host; 0 for a trace filled incrementally)
+    build_cpu_ms: float = field(default=0.0, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -226,6 +228,7 @@ class PhoneTrace:
         worker waits there (or raises) while a request runs, as in the passes."""
         if not segments:
             raise ValueError("accounting needs at least one segment")
+        cpu0 = time.process_time()
         segs = _graph_ids(segments)
         steps: list[_Graph | _Stall] = []
         request_begin: dict[int, int] = {}
@@ -325,6 +328,7 @@ class PhoneTrace:
             n_kernels += len(flops)
         out = cls(profile.name, steps, request_begin, n_kernels, tokens, index)
         out._anchors(segs, seg_step, seg_kernel)
+        out.build_cpu_ms = (time.process_time() - cpu0) * 1e3
         return out
 
     def _anchors(self, segs: Sequence[Segment], step: list[int], kernel: list[int]) -> None:

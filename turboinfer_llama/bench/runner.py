@@ -181,31 +181,30 @@ def replay_all(
     Controllers are independent runs: with ``cfg.workers`` above 1 (None: the CPUs,
     for a trace of ``POOL_MIN_SEGMENTS`` or more) they run in that many forked worker
     processes, the slowest first; the figures are the same as one by one."""
-    issued: dict[str, list[tuple[int, int]]] = {}
+    checks: dict[str, Any] = {}
     want_issued = accounting is not None
     names = list(cfg.controllers)
     workers = _workers(cfg, len(names), len(segments))
     _prepare(cfg, segments)
     if workers > 1:
         bounds = _replay_pooled(
-            cfg, segments, names, workers, want_issued, results, intervals, issued, progress
+            cfg, segments, names, workers, want_issued, results, intervals, checks, progress
         )
     else:
         bounds = {}
         for i, name in enumerate(names):
-            res, iv, log, bound = _replay_one(cfg, name, segments, want_issued)
+            res, iv, check, bound = _replay_one(cfg, name, segments, want_issued)
             results[name] = res
             bounds.update(bound or {})
             if iv is not None:
                 intervals[name] = iv
-            if log is not None:
-                issued[name] = log
+            checks.update(check or {})
             if progress:
                 progress("replay", i + 1, len(names))
     if oracle_bound is not None:
         oracle_bound.update(bounds)
-    if accounting is not None and issued:
-        accounting.update(_account_check(cfg, segments, results, issued))
+    if accounting is not None and any(k != _SHADOW for k in checks):
+        accounting.update(_account_check(cfg, segments, results, checks))
 
 
 @contextlib.contextmanager
@@ -273,7 +272,7 @@ def _replay_pooled(
     want_issued: bool,
     results: dict[str, ReplayResult],
     intervals: dict[str, list[Any]],
-    issued: dict[str, list[tuple[int, int]]],
+    checks: dict[str, Any],
     progress: Progress | None,
 ) -> dict[str, Any]:
     """``replay_all`` in ``workers`` forked processes; returns the oracle's bound."""
@@ -289,8 +288,8 @@ def _replay_pooled(
     try:
         futures = [pool.submit(_replay_in_worker, n) for n in order]
         for fut in as_completed(futures):
-            name, res, iv, log, bound = fut.result()
-            done[name] = (res, iv, log)
+            name, res, iv, check, bound = fut.result()
+            done[name] = (res, iv, check)
             bounds.update(bound or {})
             if progress:
                 progress("replay", len(done), len(names))
@@ -303,28 +302,35 @@ def _replay_pooled(
         _POOL_JOB = None
         for name in names:  # in the order asked for, whatever finished
             if name in done:
-                res, iv, log = done[name]
+                res, iv, check = done[name]
                 results[name] = res
                 if iv is not None:
                     intervals[name] = iv
-                if log is not None:
-                    issued[name] = log
+                checks.update(check or {})
     return bounds
+
+
+# the accounting check's default-governor shadow, among the per-controller checks
+_SHADOW = "\0shadow"
 
 
 def _replay_one(
     cfg: BenchConfig, name: str, segments: list[Segment], want_issued: bool
-) -> tuple[ReplayResult, list[Any] | None, list[tuple[int, int]] | None, dict[str, Any] | None]:
+) -> tuple[ReplayResult, list[Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
     """One controller on a fresh simulator: its result, its intervals (for the plot:
-    ``default`` and ``tmpc``), when ``want_issued`` the switches a closed-loop replay
-    issued (for the accounting check), and the oracle's bound (``bound_summary``)."""
+    ``default`` and ``tmpc``), when ``want_issued`` its part of the accounting check
+    (``_check_one``: a closed-loop replay's issued switches accounted by the
+    arrays-based pass; with ``default``, the default-governor shadow), and the
+    oracle's bound (``bound_summary``). The check runs here, in the controller's own
+    worker, as soon as the replay ends."""
     dev = _open_sim(cfg.device, record_intervals=cfg.intervals and name in ("default", "tmpc"))
     try:
         bound: dict[str, Any] = {}
         acc = _accounted(cfg, name, segments, dev, bound)
         if acc is not None:
             iv = list(dev.intervals) if dev.record_intervals else None
-            return acc, iv, None, bound or None
+            check = _check_shadow(dev, segments) if want_issued and name == "default" else None
+            return acc, iv, check, bound or None
         ctrl = make_controller(
             name,
             **for_device(dev),
@@ -335,9 +341,32 @@ def _replay_one(
         )
         log = _log_issued(dev) if want_issued and hasattr(dev, "profile") else None
         res = replay(segments, ctrl, dev, seed=cfg.seed)
-        return res, (list(dev.intervals) if dev.record_intervals else None), log, None
+        iv = list(dev.intervals) if dev.record_intervals else None
+        return res, iv, (_check_one(dev, segments, name, log) if log is not None else None), None
     finally:
         dev.close()
+
+
+def _check_one(
+    dev: Any, segments: list[Segment], name: str, log: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """The switches a replay issued (``log``), accounted by the arrays-based pass on
+    the shared trace: ``{name: Account}``."""
+    from ..accounting import PhoneTrace, Switches, applied_energy
+
+    trace = PhoneTrace.shared(segments, dev.profile)
+    switches = Switches.at_times([t for t, _ in log], [h for _, h in log])
+    return {name: applied_energy(trace, dev.profile, switches)}
+
+
+def _check_shadow(dev: Any, segments: list[Segment]) -> dict[str, Any] | None:
+    """The default-governor shadow of the shared trace (on a fresh simulator of the
+    profile, as the check's cost is measured): ``{_SHADOW: Account}``."""
+    from ..accounting import PhoneTrace, default_shadow
+
+    if not hasattr(dev, "profile"):
+        return None
+    return {_SHADOW: default_shadow(PhoneTrace.shared(segments, dev.profile), dev.profile)}
 
 
 def _accounted(
@@ -417,35 +446,29 @@ def _account_check(
     cfg: BenchConfig,
     segments: list[Segment],
     results: dict[str, ReplayResult],
-    issued: dict[str, list[tuple[int, int]]],
+    checks: dict[str, Any],
 ) -> dict[str, Any]:
-    """The arrays-based accounting of each replayed run: CPU ms per token (applied
-    energy plus the default-governor shadow) and its deviation from the replay."""
-    import time as _time
-
-    from ..accounting import PhoneTrace, Switches, applied_energy, default_shadow
+    """The arrays-based accounting of each replayed run (``checks``: by controller, its
+    issued switches' ``applied_energy`` and the default shadow under ``_SHADOW``, made
+    where each ran): CPU ms per token (applied energy plus the default-governor shadow;
+    the shared trace's build on top) and its deviation from the replay."""
+    from ..accounting import PhoneTrace, default_shadow
 
     dev = _open_sim(cfg.device)
     profile = dev.profile
     dev.close()
-    t0 = _time.process_time()
-    trace = PhoneTrace.build(segments, profile, host_model=False)
-    build_ms = (_time.process_time() - t0) * 1e3
-    shadow = default_shadow(trace, profile)
+    trace = PhoneTrace.shared(segments, profile)
+    build_ms = trace.build_cpu_ms
+    shadow = checks.get(_SHADOW)
+    if shadow is None:
+        shadow = default_shadow(trace, profile)
     per_token: list[float] = []
     worst = {"energy": 0.0, "tpot": 0.0, "ttft": 0.0}
-    for name, log in issued.items():
+    for name, acc in checks.items():
         r = results.get(name)
-        if r is None or not r.tokens:
+        if name == _SHADOW or r is None or not r.tokens:
             continue
-        if name == "default":
-            acc = shadow
-            ms = shadow.cpu_ms
-        else:
-            acc = applied_energy(
-                trace, profile, Switches.at_times([t for t, _ in log], [h for _, h in log])
-            )
-            ms = acc.cpu_ms + shadow.cpu_ms
+        ms = acc.cpu_ms + shadow.cpu_ms
         per_token.append(ms / r.tokens)
         worst["energy"] = max(worst["energy"], abs(acc.energy_j / r.energy_j - 1))
         worst["tpot"] = max(worst["tpot"], abs(acc.tpot_ms / r.tpot_ms - 1))
