@@ -85,3 +85,51 @@ def test_phone_segments_equal_the_reference_on_synthetic_traces(seed, timing):
     p = load_profile("adreno650")
     segs = make_trace(seed=seed, kernel_timing=timing, requests=2, decode_tokens=4)
     _same(phone_segments(segs, p), _phone_segments_reference(segs, p))
+
+
+def _record_span_reference(self, starts, gaps, durs, bytes_, hz, phase, w_idle, w_busy):
+    """``SimGpu._record_span`` as the loop it replaced: ``_record`` per gap and kernel."""
+    dram = self.profile.dram_energy_j_per_byte
+    for k in range(len(starts)):
+        self._record(starts[k], gaps[k], hz, "idle", phase, w_idle * gaps[k] * 1e-9)
+        self._record(
+            starts[k] + gaps[k],
+            durs[k],
+            hz,
+            "busy",
+            phase,
+            w_busy * durs[k] * 1e-9 + bytes_[k] * dram,
+        )
+
+
+@pytest.mark.parametrize("profile", ["adreno650", "mali-g76"])
+@pytest.mark.parametrize("governed", [True, False])
+def test_batch_intervals_equal_the_per_kernel_record_loop(
+    gemma_10tok_segments, monkeypatch, profile, governed
+):
+    from turboinfer_llama.accounting import PhoneTrace, Switches, applied_energy, default_shadow
+    from turboinfer_llama.devices.sim import SimGpu
+
+    p = load_profile(profile)
+    trace = PhoneTrace.build(phone_segments(list(gemma_10tok_segments), p), p, host_model=False)
+    levels = p.levels_hz
+    switches = Switches.at_times(
+        [0, 2_000_000, 9_000_000, 30_000_000], [levels[-1], levels[1], levels[-2], levels[0]]
+    )
+
+    def run() -> SimGpu:
+        dev = SimGpu(p, governor="default" if governed else None)
+        dev.record_intervals = True
+        if governed:
+            default_shadow(trace, dev)
+        else:
+            applied_energy(trace, dev, switches)
+        return dev
+
+    fast = run()
+    with monkeypatch.context() as m:
+        m.setattr(SimGpu, "_record_span", _record_span_reference)
+        ref = run()
+    assert fast.intervals == ref.intervals
+    assert len(fast.intervals) > 100
+    assert fast.energy_j == ref.energy_j
