@@ -133,3 +133,24 @@ def test_batch_intervals_equal_the_per_kernel_record_loop(
     assert fast.intervals == ref.intervals
     assert len(fast.intervals) > 100
     assert fast.energy_j == ref.energy_j
+
+
+def test_load_trace_equals_event_from_json_and_shares_each_distinct_shape(tmp_path):
+    import gzip
+    import json
+    from pathlib import Path
+
+    from turboinfer_llama.engine.events import Event
+    from turboinfer_llama.trace.record import load_trace
+
+    path = tmp_path / "trace.json"
+    with gzip.open(Path(__file__).parent / "data/gemma3_270m_10tok.json.gz", "rb") as f:
+        path.write_bytes(f.read())
+    raw = json.loads(path.read_text())["events"]
+    events, _ = load_trace(path)
+    assert events == [Event.from_json(d) for d in raw]
+    by_value: dict = {}
+    for e in events:
+        if e.shape is not None:
+            assert by_value.setdefault(e.shape, e.shape) is e.shape  # one object per value
+    assert 10 < len(by_value) < len(events) // 10
