@@ -132,6 +132,7 @@ class SimProfile:
         object.__setattr__(self, "_bw_factor_by_level", factors)
         object.__setattr__(self, "_level_index", {h: i for i, h in enumerate(self.levels_hz)})
         object.__setattr__(self, "_power_cache", {})
+        object.__setattr__(self, "_ns_coef_cache", {})
 
     def _bus_factor(self, i: int) -> float:
         if not self.bus_vote_index or self.bus_coupling == 0.0:
@@ -193,6 +194,30 @@ class SimProfile:
         t_m = bytes_ / bw * 1e9
         t = max(t_c, t_m) + (1.0 - self.compute_memory_overlap) * min(t_c, t_m)
         return max(t, float(self.kernel_floor_ns))
+
+    def kernel_ns_coefs(
+        self, hz: int, bandwidth_share: float = 1.0
+    ) -> tuple[float, float, float, float]:
+        """``kernel_ns_array``'s scalars at one clock and share, computed as it does
+        (cached): ns per flop, ns per byte, the weight of the shorter of the two, the
+        floor."""
+        cache: dict[tuple[int, float], tuple[float, float, float, float]]
+        cache = self._ns_coef_cache  # type: ignore[attr-defined]
+        co = cache.get((hz, bandwidth_share))
+        if co is None:
+            bw = (
+                self.dram_bandwidth_bytes_per_s
+                * self.memory_efficiency
+                * bandwidth_share
+                * self.bandwidth_factor(hz)
+            )
+            co = cache[(hz, bandwidth_share)] = (
+                1e9 / (self.peak_ops_per_cycle * self.compute_efficiency * hz),
+                1e9 / bw,
+                1.0 - self.compute_memory_overlap,
+                float(self.kernel_floor_ns),
+            )
+        return co
 
     def kernel_ns_array(
         self, flops: np.ndarray, bytes_: np.ndarray, hz: int, bandwidth_share: float = 1.0
@@ -652,17 +677,27 @@ class SimGpu:
         # a gap that reaches the idle timeout slumbers: leave it to the per-kernel path
         timeout = p.idle_timeout_ns
         idle0 = t - self._idle_since if self._idle_since is not None else 0
-        m_max = len(gaps)
+        m_max = j - i
         if m_max and int(gaps.max()) >= timeout:
             m_max = int(np.argmax(gaps >= timeout))
-        if m_max > 0 and gaps[0] + idle0 >= timeout:
+        if m_max > 0 and int(gaps[0]) + idle0 >= timeout:
             m_max = 0
         if m_max == 0:
             return 0
         hz = self._hz
-        dur = np.rint(p.kernel_ns_array(f[i : i + m_max], b[i : i + m_max], hz, self._bw_share))
+        # ``p.kernel_ns_array`` (the same operations) with its scalars cached
+        c_f, c_b, w_lo, floor = p.kernel_ns_coefs(hz, self._bw_share)
+        t_c = f[i : i + m_max] * c_f
+        t_m = b[i : i + m_max] * c_b
+        dur = np.maximum(t_c, t_m)
+        np.minimum(t_c, t_m, out=t_c)
+        t_c *= w_lo
+        dur += t_c
+        np.maximum(dur, floor, out=dur)
+        np.rint(dur, out=dur)
         dur_i = dur.astype(np.int64)
-        end = t + np.cumsum(gaps[:m_max] + dur_i)
+        end = np.cumsum(gaps[:m_max] + dur_i)
+        end += t
         limit: float = self._next_device_event_ns()
         if stop_at_ns is not None:
             limit = min(limit, stop_at_ns)
@@ -676,8 +711,9 @@ class SimGpu:
                 m, notify = k + 1, True
         if m == 0:
             return 0
-        gap_sum = int(gaps[:m].sum())
+        t_end = int(end[m - 1])
         busy_sum = int(dur_i[:m].sum())
+        gap_sum = t_end - t - busy_sum  # the gaps' sum: the span is gaps and kernels
         fb, bb = f[i : i + m], b[i : i + m]
         bytes_sum = float(bb.sum())
         w_idle = p.power_w(hz, "idle")
@@ -713,7 +749,7 @@ class SimGpu:
         else:
             self._instructions += float(work.sum())
         self.kernels += m
-        self._t = int(end[m - 1])
+        self._t = t_end
         self._idle_since = None
         ends[i : i + m] = end[:m]
         if notify:
