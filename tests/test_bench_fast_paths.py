@@ -154,3 +154,30 @@ def test_load_trace_equals_event_from_json_and_shares_each_distinct_shape(tmp_pa
         if e.shape is not None:
             assert by_value.setdefault(e.shape, e.shape) is e.shape  # one object per value
     assert 10 < len(by_value) < len(events) // 10
+
+
+def test_pooled_and_serial_benchmarks_agree_and_the_collector_is_restored(tmp_path):
+    """The trace is built with the cyclic collector paused and frozen for the replays
+    (forked workers never walk it); afterwards the collector is as it was, and the
+    figures are those of the serial run."""
+    import gc
+    import gzip
+    from pathlib import Path
+
+    from turboinfer_llama.bench.runner import ALL_CONTROLLERS, BenchConfig, run_bench
+
+    path = tmp_path / "trace.json"
+    with gzip.open(Path(__file__).parent / "data/gemma3_270m_10tok.json.gz", "rb") as f:
+        path.write_bytes(f.read())
+    reports = []
+    for workers in (1, 2):
+        cfg = BenchConfig(
+            controllers=list(ALL_CONTROLLERS), replay=str(path), timing=False, workers=workers
+        )
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        out = run_bench(cfg, live=False)
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        assert not out.interrupted
+        reports.append(out.report)
+    assert reports[0] == reports[1]
+    assert reports[0]["accounting"]["max_rel_error_vs_replay"]["energy"] < 1e-6

@@ -181,6 +181,19 @@ def replay_all(
     Controllers are independent runs: with ``cfg.workers`` above 1 (None: the CPUs,
     for a trace of ``POOL_MIN_SEGMENTS`` or more) they run in that many forked worker
     processes, the slowest first; the figures are the same as one by one."""
+    with _gc_frozen_scope():
+        _replay_all(cfg, segments, results, intervals, progress, accounting, oracle_bound)
+
+
+def _replay_all(
+    cfg: BenchConfig,
+    segments: list[Segment],
+    results: dict[str, ReplayResult],
+    intervals: dict[str, list[Any]],
+    progress: Progress | None,
+    accounting: dict[str, Any] | None,
+    oracle_bound: dict[str, Any] | None,
+) -> None:
     checks: dict[str, Any] = {}
     want_issued = accounting is not None
     names = list(cfg.controllers)
@@ -208,17 +221,34 @@ def replay_all(
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def _gc_paused(*, freeze: bool = False) -> Iterator[None]:
     """No cyclic garbage collection inside: building a trace's segments, arrays and
     blocks makes hundreds of thousands of objects, none in a cycle, and the collector
-    would rescan them all again and again while they are built."""
+    would rescan them all again and again while they are built. With ``freeze``, what
+    exists at the end is moved out of the collector's reach (``gc.freeze``) before it
+    runs again: else its next pass, in this process and in every forked worker (each
+    touching every page: copy-on-write), walks the whole trace (seconds)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if was_enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def _gc_frozen_scope() -> Iterator[None]:
+    """Objects frozen inside (``_gc_paused(freeze=True)``) go back to the collector at
+    the end, unless some were frozen before (the caller's: left as they are)."""
+    outer = gc.get_freeze_count() > 0
+    try:
+        yield
+    finally:
+        if not outer:
+            gc.unfreeze()
 
 
 def _prepare(cfg: BenchConfig, segments: list[Segment]) -> None:
@@ -230,8 +260,8 @@ def _prepare(cfg: BenchConfig, segments: list[Segment]) -> None:
 
     dev = _open_sim(cfg.device)
     try:
-        if hasattr(dev, "profile"):
-            with _gc_paused():
+        with _gc_paused(freeze=True):
+            if hasattr(dev, "profile"):
                 PhoneTrace.shared(segments, dev.profile)
                 prepare(segments, dev)
     finally:
@@ -794,32 +824,37 @@ def run_bench(
     oracle_bound: dict[str, Any] = {}
     interrupted = False
     try:
-        if cfg.replay:
-            try:
-                events, meta = load_trace(cfg.replay)
-            except FileNotFoundError:
-                raise BenchError(f"trace not found: {cfg.replay}") from None
-            except TraceFormatError as e:
-                raise BenchError(str(e)) from e
-            model = str(meta.get("model", "recorded trace"))
-        else:
-            events = record_runs(cfg, model, progress)
-            if cfg.record:
-                save_trace(cfg.record, events, {"model": Path(model).name, "seed": cfg.seed})
-        segments = segments_of(events)
-        if not any(s.kind == "kernel" for s in segments):
-            raise BenchError("the trace has no kernels to replay")
-        with _gc_paused():
-            phone = phone_trace(cfg.device, segments)
-        replay_all(
-            cfg,
-            phone,
-            results,
-            intervals,
-            progress,
-            accounting,
-            oracle_bound,
-        )
+        with _gc_frozen_scope():
+            events: list[Event] = []
+            if not cfg.replay:
+                events = record_runs(cfg, model, progress)
+                if cfg.record:
+                    save_trace(cfg.record, events, {"model": Path(model).name, "seed": cfg.seed})
+            # the trace's objects built with the collector paused, then frozen (their
+            # replays, here and in forked workers, never walk them); back at the end
+            with _gc_paused(freeze=True):
+                if cfg.replay:
+                    try:
+                        events, meta = load_trace(cfg.replay)
+                    except FileNotFoundError:
+                        raise BenchError(f"trace not found: {cfg.replay}") from None
+                    except TraceFormatError as e:
+                        raise BenchError(str(e)) from e
+                    model = str(meta.get("model", "recorded trace"))
+                segments = segments_of(events)
+                del events  # the segments hold what replay needs
+                if not any(s.kind == "kernel" for s in segments):
+                    raise BenchError("the trace has no kernels to replay")
+                phone = phone_trace(cfg.device, segments)
+            replay_all(
+                cfg,
+                phone,
+                results,
+                intervals,
+                progress,
+                accounting,
+                oracle_bound,
+            )
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:
