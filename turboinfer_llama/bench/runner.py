@@ -9,6 +9,7 @@ power saving on and off to measure what the plugin costs in engine time.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import platform
@@ -243,12 +244,21 @@ def _gc_paused(*, freeze: bool = False) -> Iterator[None]:
 def _gc_frozen_scope() -> Iterator[None]:
     """Objects frozen inside (``_gc_paused(freeze=True)``) go back to the collector at
     the end, unless some were frozen before (the caller's: left as they are)."""
+    global _FREEZE_AT_EXIT
     outer = gc.get_freeze_count() > 0
+    if not _FREEZE_AT_EXIT:
+        # the interpreter's last collection, at exit, would walk the whole trace if it
+        # is still alive then (the CLI's outcome): nothing is left to collect by then
+        atexit.register(gc.freeze)
+        _FREEZE_AT_EXIT = True
     try:
         yield
     finally:
         if not outer:
             gc.unfreeze()
+
+
+_FREEZE_AT_EXIT = False
 
 
 def _prepare(cfg: BenchConfig, segments: list[Segment]) -> None:
