@@ -181,3 +181,15 @@ def test_pooled_and_serial_benchmarks_agree_and_the_collector_is_restored(tmp_pa
         reports.append(out.report)
     assert reports[0] == reports[1]
     assert reports[0]["accounting"]["max_rel_error_vs_replay"]["energy"] < 1e-6
+
+
+def test_the_reported_llama_cpp_version_is_the_module_s_loaded_or_not(monkeypatch):
+    import sys
+
+    import llama_cpp
+
+    from turboinfer_llama.bench.runner import _llama_cpp_version
+
+    assert _llama_cpp_version() == llama_cpp.__version__
+    monkeypatch.delitem(sys.modules, "llama_cpp")  # as in a replay: never imported
+    assert _llama_cpp_version() == llama_cpp.__version__

@@ -714,8 +714,6 @@ def build_report(
             "tokens": r.tokens,
             "simulated": r.simulated,
         }
-    import llama_cpp
-
     return {
         "version": JSON_VERSION,
         "device": cfg.device,
@@ -732,8 +730,24 @@ def build_report(
         "seed": cfg.seed,
         "controllers": ctrls,
         "live": live,
-        "host": {"machine": platform.machine(), "llama_cpp_python": llama_cpp.__version__},
+        "host": {"machine": platform.machine(), "llama_cpp_python": _llama_cpp_version()},
     }
+
+
+def _llama_cpp_version() -> str:
+    """llama-cpp-python's version: the module's when it is loaded, else its installed
+    metadata (a replay never loads llama.cpp: importing it costs ~0.25 s)."""
+    import sys
+
+    mod = sys.modules.get("llama_cpp")
+    if mod is None:
+        from importlib import metadata
+
+        try:
+            return metadata.version("llama_cpp_python")
+        except metadata.PackageNotFoundError:
+            import llama_cpp as mod
+    return str(mod.__version__)
 
 
 def check_prompt_lengths(cfg: BenchConfig, model: str) -> None:
