@@ -1,18 +1,22 @@
-"""The benchmark's faster set-up paths against the code they replaced (kept here as
-the reference): ``accounting.phone_segments`` (no-op test cached per shape object, gaps
-without a per-kernel dict) gives the very same segments."""
+"""The benchmark's faster paths against the code they replaced (kept here as the
+reference) or the per-item path: ``accounting.phone_segments``, ``replay._blocks``,
+``SimGpu``'s batch intervals, ``load_trace``; the pooled benchmark against the serial
+one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import pytest
 
 from turboinfer_llama.accounting import _with_dur, phone_segments
+from turboinfer_llama.control.replay import _Block, _blocks, with_graphs
 from turboinfer_llama.control.synthetic import make_trace
 from turboinfer_llama.devices.sim import SimProfile, load_profile
 from turboinfer_llama.engine.events import StallKind
-from turboinfer_llama.engine.graph import cost
+from turboinfer_llama.engine.graph import KernelCost, cost
 from turboinfer_llama.engine.segments import Segment
 
 
@@ -193,3 +197,116 @@ def test_the_reported_llama_cpp_version_is_the_module_s_loaded_or_not(monkeypatc
     assert _llama_cpp_version() == llama_cpp.__version__
     monkeypatch.delitem(sys.modules, "llama_cpp")  # as in a replay: never imported
     assert _llama_cpp_version() == llama_cpp.__version__
+
+
+# ---- replay's per-graph blocks ----------------------------------------------------
+
+
+def _blocks_reference(
+    segments: Sequence[Segment], gran: str, submission_ns: int
+) -> dict[int, tuple[_Block, int]]:
+    """``replay._blocks`` as it was (a dict of lists per open block)."""
+    costs: dict[tuple[str, int], KernelCost] = {}  # by (op, id(shape)): shapes are shared
+    shapes: list[Any] = []  # keeps every keyed shape alive while the ids are keys
+    per_graph: dict[int, int] = {}  # kernels of each graph seen so far (ordinals)
+    out: dict[int, tuple[_Block, int]] = {}
+    kernel_gran = gran == "kernel"
+    cur: dict[str, Any] | None = None
+    start = -1  # first segment of the pending item
+    pend_gap = 0
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None and cur["first"]:
+            blk = _Block(
+                cur["graph"],
+                cur["phase"],
+                cur["request"],
+                cur["first"],
+                cur["kseg"],
+                np.asarray(cur["gap"], dtype=np.int64),
+                np.asarray(cur["f"], dtype=np.float64),
+                np.asarray(cur["b"], dtype=np.float64),
+                np.asarray(cur["noop"], dtype=bool),
+                np.asarray(cur["slow"], dtype=bool),
+                np.asarray(cur["ord"], dtype=np.int64),
+            )
+            for j, s in enumerate(blk.first):
+                out[s] = (blk, j)
+        cur = None
+
+    for i, s in enumerate(segments):
+        if s.kind == "kernel":
+            ordn = per_graph.get(s.graph, 0)
+            per_graph[s.graph] = ordn + 1
+            if cur is None or (cur["graph"], cur["phase"], cur["request"]) != (
+                s.graph,
+                s.phase,
+                s.request,
+            ):
+                close()
+                cur = {
+                    "graph": s.graph,
+                    "phase": s.phase,
+                    "request": s.request,
+                    **{k: [] for k in ("first", "kseg", "gap", "f", "b", "noop", "slow", "ord")},
+                }
+            key = (s.op, id(s.shape))
+            c = costs.get(key)
+            if c is None:
+                c = costs[key] = cost(s.op, s.shape)
+                shapes.append(s.shape)
+            if not kernel_gran and c.is_noop:
+                continue  # its stalls join the next launched kernel's gap
+            gap = pend_gap + (0 if c.is_noop or (kernel_gran and s.timed) else submission_ns)
+            cur["first"].append(start if start >= 0 else i)
+            cur["kseg"].append(i)
+            cur["gap"].append(gap)
+            cur["f"].append(c.flops)
+            cur["b"].append(c.bytes)
+            cur["noop"].append(c.is_noop)
+            cur["slow"].append(kernel_gran and ((c.is_noop and gap > 0) or not s.timed))
+            cur["ord"].append(ordn)
+            start, pend_gap = -1, 0
+            continue
+        if s.stall is StallKind.INTER_KERNEL and (
+            cur is None or (cur["phase"], cur["request"]) == (s.phase, s.request)
+        ):
+            if start < 0:
+                start = i
+            pend_gap += int(s.dur_ns)
+            continue
+        close()
+        start, pend_gap = -1, 0
+    close()
+    return out
+
+
+def _same_blocks(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        (x, i), (y, j) = a[k], b[k]
+        assert i == j
+        for f in ("graph", "phase", "request", "first", "kseg"):
+            assert getattr(x, f) == getattr(y, f)
+        for f in ("gap", "f", "b", "noop", "slow", "ordinal", "real", "next_slow"):
+            u, v = getattr(x, f), getattr(y, f)
+            assert u.dtype == v.dtype and np.array_equal(u, v)
+
+
+@pytest.mark.parametrize("gran", ["kernel", "graph"])
+@pytest.mark.parametrize("submission_ns", [0, 4_000])
+def test_blocks_equal_the_reference_on_a_real_recording(gemma_10tok_segments, gran, submission_ns):
+    p = load_profile("adreno650")
+    for segs in (list(gemma_10tok_segments), phone_segments(list(gemma_10tok_segments), p)):
+        g = with_graphs(segs)
+        got = _blocks(g, gran, submission_ns)
+        assert len(got) > 100
+        _same_blocks(got, _blocks_reference(g, gran, submission_ns))
+
+
+@pytest.mark.parametrize("timing", [True, False])
+@pytest.mark.parametrize("gran", ["kernel", "graph"])
+def test_blocks_equal_the_reference_on_synthetic_traces(timing, gran):
+    segs = with_graphs(make_trace(seed=2, kernel_timing=timing, requests=2, decode_tokens=3))
+    _same_blocks(_blocks(segs, gran, 3_000), _blocks_reference(segs, gran, 3_000))

@@ -988,67 +988,69 @@ def _blocks(
     per_graph: dict[int, int] = {}  # kernels of each graph seen so far (ordinals)
     out: dict[int, tuple[_Block, int]] = {}
     kernel_gran = gran == "kernel"
-    cur: dict[str, Any] | None = None
+    inter = StallKind.INTER_KERNEL
+    # the open block: its (graph, phase, request) and its items' columns
+    cur: tuple[int, str, int] | None = None
+    first: list[int] = []
+    kseg: list[int] = []
+    gaps: list[int] = []
+    fl: list[float] = []
+    by: list[float] = []
+    noops: list[bool] = []
+    slows: list[bool] = []
+    ords: list[int] = []
     start = -1  # first segment of the pending item
     pend_gap = 0
 
     def close() -> None:
-        nonlocal cur
-        if cur is not None and cur["first"]:
+        nonlocal cur, first, kseg, gaps, fl, by, noops, slows, ords
+        if cur is not None and first:
             blk = _Block(
-                cur["graph"],
-                cur["phase"],
-                cur["request"],
-                cur["first"],
-                cur["kseg"],
-                np.asarray(cur["gap"], dtype=np.int64),
-                np.asarray(cur["f"], dtype=np.float64),
-                np.asarray(cur["b"], dtype=np.float64),
-                np.asarray(cur["noop"], dtype=bool),
-                np.asarray(cur["slow"], dtype=bool),
-                np.asarray(cur["ord"], dtype=np.int64),
+                cur[0],
+                cur[1],
+                cur[2],
+                first,
+                kseg,
+                np.asarray(gaps, dtype=np.int64),
+                np.asarray(fl, dtype=np.float64),
+                np.asarray(by, dtype=np.float64),
+                np.asarray(noops, dtype=bool),
+                np.asarray(slows, dtype=bool),
+                np.asarray(ords, dtype=np.int64),
             )
-            for j, s in enumerate(blk.first):
+            for j, s in enumerate(first):
                 out[s] = (blk, j)
         cur = None
+        first, kseg, gaps, fl, by, noops, slows, ords = [], [], [], [], [], [], [], []
 
     for i, s in enumerate(segments):
         if s.kind == "kernel":
-            ordn = per_graph.get(s.graph, 0)
-            per_graph[s.graph] = ordn + 1
-            if cur is None or (cur["graph"], cur["phase"], cur["request"]) != (
-                s.graph,
-                s.phase,
-                s.request,
-            ):
+            g = s.graph
+            ordn = per_graph.get(g, 0)
+            per_graph[g] = ordn + 1
+            if cur is None or cur[0] != g or cur[1] != s.phase or cur[2] != s.request:
                 close()
-                cur = {
-                    "graph": s.graph,
-                    "phase": s.phase,
-                    "request": s.request,
-                    **{k: [] for k in ("first", "kseg", "gap", "f", "b", "noop", "slow", "ord")},
-                }
+                cur = (g, s.phase, s.request)
             key = (s.op, id(s.shape))
             c = costs.get(key)
             if c is None:
                 c = costs[key] = cost(s.op, s.shape)
                 shapes.append(s.shape)
-            if not kernel_gran and c.is_noop:
+            is_noop = c.is_noop
+            if not kernel_gran and is_noop:
                 continue  # its stalls join the next launched kernel's gap
-            gap = pend_gap + (0 if c.is_noop or (kernel_gran and s.timed) else submission_ns)
-            cur["first"].append(start if start >= 0 else i)
-            cur["kseg"].append(i)
-            cur["gap"].append(gap)
-            cur["f"].append(c.flops)
-            cur["b"].append(c.bytes)
-            cur["noop"].append(c.is_noop)
-            cur["slow"].append(kernel_gran and ((c.is_noop and gap > 0) or not s.timed))
-            cur["ord"].append(ordn)
+            gap = pend_gap + (0 if is_noop or (kernel_gran and s.timed) else submission_ns)
+            first.append(start if start >= 0 else i)
+            kseg.append(i)
+            gaps.append(gap)
+            fl.append(c.flops)
+            by.append(c.bytes)
+            noops.append(is_noop)
+            slows.append(kernel_gran and ((is_noop and gap > 0) or not s.timed))
+            ords.append(ordn)
             start, pend_gap = -1, 0
             continue
-        if s.stall is StallKind.INTER_KERNEL and (
-            cur is None or (cur["phase"], cur["request"]) == (s.phase, s.request)
-        ):
+        if s.stall is inter and (cur is None or (cur[1] == s.phase and cur[2] == s.request)):
             if start < 0:
                 start = i
             pend_gap += int(s.dur_ns)
