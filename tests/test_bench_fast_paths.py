@@ -310,3 +310,68 @@ def test_blocks_equal_the_reference_on_a_real_recording(gemma_10tok_segments, gr
 def test_blocks_equal_the_reference_on_synthetic_traces(timing, gran):
     segs = with_graphs(make_trace(seed=2, kernel_timing=timing, requests=2, decode_tokens=3))
     _same_blocks(_blocks(segs, gran, 3_000), _blocks_reference(segs, gran, 3_000))
+
+
+def _device_state(dev) -> tuple:
+    return (
+        dev.now_ns(),
+        dev.energy_j,
+        dict(dev.energy_by_phase_j),
+        dict(dev.time_by_phase_ns),
+        dict(dev.gap_ns_by_kind),
+        dev.busy_ns,
+        dev.busy_cycles,
+        dev.kernels,
+        dev.switches,
+        list(dev.switch_log),
+        dev.dram_bytes,
+        dev.dram_energy_j,
+        dev._instructions,
+        list(dev.intervals),
+        dev.current_hz(),
+        dev.governor_decisions,
+    )
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+@pytest.mark.parametrize("governor", [None, "default", "simple_ondemand"])
+@pytest.mark.parametrize("profile", ["adreno650", "mali-g76"])
+def test_small_spans_in_python_equal_the_numpy_span(monkeypatch, governor, profile, noise):
+    """``SimGpu._small_span`` (a batch's last few kernels in Python numbers) against
+    ``_bulk_span``'s numpy path: the same device state after random batches of 1-12
+    kernels with stops, switches, long gaps, intervals and PMU noise."""
+    import random
+
+    from turboinfer_llama.devices import sim
+
+    p = load_profile(profile)
+
+    def run() -> tuple:
+        rng = random.Random(7)
+        dev = sim.SimGpu(p, governor=governor, pmu_noise=noise, seed=3)
+        dev.record_intervals = True
+        for step in range(400):
+            n = rng.randint(1, 12)
+            f = np.array([rng.choice([0.0, rng.uniform(1e3, 5e8)]) for _ in range(n)])
+            b = np.array([rng.uniform(0, 2e7) for _ in range(n)])
+            g = np.array(
+                [
+                    rng.choice(
+                        [0, 0, rng.randint(1, 30_000), rng.randint(0, 3 * p.idle_timeout_ns)]
+                    )
+                    for _ in range(n)
+                ],
+                dtype=np.int64,
+            )
+            stop = dev.now_ns() + rng.randint(0, 400_000) if rng.random() < 0.4 else None
+            if governor is None and rng.random() < 0.2:
+                dev.set_hz(rng.choice(p.levels_hz))
+            dev.run_batch(f, b, g, phase=rng.choice(["prefill", "decode"]), stop_at_ns=stop)
+            if step % 50 == 0:
+                dev.run_gap(rng.randint(0, 2 * p.idle_timeout_ns), kind="sample", phase="decode")
+        return _device_state(dev)
+
+    fast = run()
+    monkeypatch.setattr(sim, "_SMALL_SPAN", 0)  # every span through numpy
+    assert fast == run()
+    assert fast[7] > 1000  # kernels run

@@ -339,6 +339,9 @@ def _landing(q: tuple[int, int]) -> int:
 
 _CHUNK_MIN = 128  # kernels timed per vectorised step; grows while no event cuts it
 _CHUNK_MAX = 4096
+# fewer kernels than this left in a batch: ``_small_span`` (Python numbers; numpy sums
+# fewer than 8 floats one by one, so the sums are the same)
+_SMALL_SPAN = 8
 
 
 class SimGpu:
@@ -673,6 +676,8 @@ class SimGpu:
         p = self.profile
         t = self._t
         j = min(len(f), i + chunk)
+        if j - i < _SMALL_SPAN:
+            return self._small_span(f, b, g, i, j, stop_at_ns, ends, kind)
         gaps = g[i:j]
         # a gap that reaches the idle timeout slumbers: leave it to the per-kernel path
         timeout = p.idle_timeout_ns
@@ -748,6 +753,115 @@ class SimGpu:
                 )
         else:
             self._instructions += float(work.sum())
+        self.kernels += m
+        self._t = t_end
+        self._idle_since = None
+        ends[i : i + m] = end[:m]
+        if notify:
+            self._tz_notify()
+        return m
+
+    def _small_span(
+        self,
+        f: np.ndarray,
+        b: np.ndarray,
+        g: np.ndarray,
+        i: int,
+        j: int,
+        stop_at_ns: int | None,
+        ends: np.ndarray,
+        kind: str,
+    ) -> int:
+        """``_bulk_span`` over fewer than ``_SMALL_SPAN`` kernels (``i..j-1``), in
+        Python numbers: the same operations in the same order (numpy sums fewer than 8
+        numbers one by one from 0.0, ``np.rint`` rounds half to even as ``round``
+        does), without its two dozen numpy calls' set-up."""
+        p = self.profile
+        t = self._t
+        gaps = g[i:j].tolist()
+        timeout = p.idle_timeout_ns
+        idle0 = t - self._idle_since if self._idle_since is not None else 0
+        m_max = len(gaps)
+        for k, gk in enumerate(gaps):
+            if gk >= timeout:
+                m_max = k
+                break
+        if m_max > 0 and gaps[0] + idle0 >= timeout:
+            m_max = 0
+        if m_max == 0:
+            return 0
+        hz = self._hz
+        c_f, c_b, w_lo, floor = p.kernel_ns_coefs(hz, self._bw_share)
+        fs = f[i : i + m_max].tolist()
+        bs = b[i : i + m_max].tolist()
+        durs: list[int] = []
+        end: list[int] = []
+        acc = t
+        for k in range(m_max):
+            t_c = fs[k] * c_f
+            t_m = bs[k] * c_b
+            hi, lo = (t_c, t_m) if t_c >= t_m else (t_m, t_c)
+            d = hi + lo * w_lo
+            dk = round(d if d >= floor else floor)
+            durs.append(dk)
+            acc += gaps[k] + dk
+            end.append(acc)
+        limit: float = self._next_device_event_ns()
+        if stop_at_ns is not None:
+            limit = min(limit, stop_at_ns)
+        m = bisect.bisect_right(end, limit) if limit < math.inf else m_max
+        notify = False
+        if self._governor == "msm-adreno-tz" and m > 0:
+            last = self._tz_last_call_ns
+            due = -math.inf if last is None else last + p.tz_call_interval_ns
+            k = bisect.bisect_left(end, due, 0, m)
+            if k < m:
+                m, notify = k + 1, True
+        if m == 0:
+            return 0
+        t_end = end[m - 1]
+        busy_sum = sum(durs[:m])
+        gap_sum = t_end - t - busy_sum
+        bytes_sum = 0.0
+        work_sum = 0.0
+        ipo, ipb = p.instructions_per_op, p.instructions_per_byte
+        works: list[float] = []
+        for k in range(m):
+            bytes_sum += bs[k]
+            w = fs[k] * ipo + bs[k] * ipb
+            works.append(w)
+            work_sum += w
+        w_idle = p.power_w(hz, "idle")
+        w_busy = p.power_w(hz, "busy")
+        e_dram = bytes_sum * p.dram_energy_j_per_byte
+        phase = self._phase
+        if self.record_intervals:
+            self._record_span(
+                [x - d - gk for x, d, gk in zip(end[:m], durs, gaps, strict=False)],
+                gaps[:m],
+                durs[:m],
+                bs[:m],
+                hz,
+                phase,
+                w_idle,
+                w_busy,
+            )
+        e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
+        self.energy_j += e
+        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
+        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + gap_sum + busy_sum
+        self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + gap_sum
+        self.busy_ns += busy_sum
+        self.busy_cycles += busy_sum * hz / 1e9
+        self.dram_bytes += bytes_sum
+        self.dram_energy_j += e_dram
+        if self.pmu_noise > 0:
+            for k in range(m):
+                self._instructions += works[k] * max(
+                    0.0, 1.0 + self._rng.gauss(0.0, self.pmu_noise)
+                )
+        else:
+            self._instructions += work_sum
         self.kernels += m
         self._t = t_end
         self._idle_since = None
