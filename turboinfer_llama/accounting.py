@@ -243,6 +243,7 @@ class PhoneTrace:
         seg_step = [-1] * n  # the stall step a segment became
         seg_kernel = [-1] * n  # the kernel index a segment became
         next_pause = BUILD_PAUSE_EVERY if pause is not None else n
+        inter = StallKind.INTER_KERNEL
         while i < n:
             if i >= next_pause:
                 pause()  # type: ignore[misc]
@@ -276,14 +277,18 @@ class PhoneTrace:
             nodes: list[int] = []
             layers: list[int] = []
             own_gaps: list[int] = []
-            while i < n and (
-                (segs[i].kind == "kernel" and segs[i].graph == graph)
-                or segs[i].stall is StallKind.INTER_KERNEL
-            ):
+            sub_ns = profile.host_submission_ns
+            base = n_kernels  # this graph's first kernel
+            while i < n:
+                k = segs[i]
+                if k.kind == "kernel":
+                    if k.graph != graph:
+                        break
+                elif k.stall is not inter:
+                    break
                 if i >= next_pause:
                     pause()  # type: ignore[misc]
                     next_pause = i + BUILD_PAUSE_EVERY
-                k = segs[i]
                 i += 1
                 if k.kind != "kernel":
                     if not host_model:
@@ -299,13 +304,13 @@ class PhoneTrace:
                     work = costs[key] = (c.flops, c.bytes)
                 if work == (0, 0):
                     continue
-                seg_kernel[i - 1] = n_kernels + len(flops)
+                seg_kernel[i - 1] = base + len(flops)
                 flops.append(work[0])
                 bytes_.append(work[1])
                 nodes.append(k.node)
                 layers.append(k.layer)
                 if not host_model:
-                    own_gaps.append(pending_gap + (0 if k.timed else profile.host_submission_ns))
+                    own_gaps.append(pending_gap + (0 if k.timed else sub_ns))
                     pending_gap = 0
             if not flops:
                 continue
