@@ -540,11 +540,9 @@ def replay(
         reseed(seed)
     if not getattr(controller, "uses_device_governor", False):
         device.governor = None
-    kernels = [s for s in segments if s.kind == "kernel"]
-    timed = all(s.timed for s in kernels)
+    timed, graphs = _shared_kernels(given_segments, segments)
     gran = ("kernel" if timed else "graph") if granularity == "auto" else granularity
     recorded = timing == "recorded"
-    graphs = _graphs(segments)
     costs = NodeCosts()
     node_info = _shared_node_info(given_segments, segments)
     node_ids = _shared_node_ids(given_segments, segments)
@@ -937,6 +935,24 @@ def _shared_node_info(given: Sequence[Segment], segments: list[Segment]) -> dict
     return _SHARED[2].setdefault("node_info", {})  # type: ignore[no-any-return]
 
 
+def _shared_kernels(
+    given: Sequence[Segment], segments: list[Segment]
+) -> tuple[bool, dict[int, list[Segment]]]:
+    """Whether every kernel is timed, and each graph's kernels (``_graphs``), of the
+    last segments list given (read-only: shared by its replays); built afresh for
+    another."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return _timed_and_graphs(segments)
+    cache = _SHARED[2]
+    if "kernels" not in cache:
+        cache["kernels"] = _timed_and_graphs(segments)
+    return cache["kernels"]  # type: ignore[no-any-return]
+
+
+def _timed_and_graphs(segments: Sequence[Segment]) -> tuple[bool, dict[int, list[Segment]]]:
+    return all(s.timed for s in segments if s.kind == "kernel"), _graphs(segments)
+
+
 def _shared_node_ids(given: Sequence[Segment], segments: list[Segment]) -> dict[tuple, Any]:
     """``_node_info``'s cache by the nodes' (op, shape object, name) for the last
     segments list given (it holds every keyed shape alive); a fresh dict for another."""
@@ -963,10 +979,10 @@ def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto")
     runs of the same trace (its per-graph blocks, every graph's node costs), e.g.
     before forking workers."""
     segs = _shared_graphs(segments)
-    kernels = [s for s in segs if s.kind == "kernel"]
+    timed, graphs = _shared_kernels(segments, segs)
     gran = granularity
     if gran == "auto":
-        gran = "kernel" if all(s.timed for s in kernels) else "graph"
+        gran = "kernel" if timed else "graph"
     if gran in ("kernel", "graph"):
         sub = int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0)
         _shared_blocks(segments, segs, gran, sub)
@@ -974,7 +990,7 @@ def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto")
     node_info = _shared_node_info(segments, segs)
     node_ids = _shared_node_ids(segments, segs)
     costs = NodeCosts()
-    for graph, nodes in _graphs(segs).items():
+    for graph, nodes in graphs.items():
         if graph not in node_info:
             node_info[graph] = _node_info(nodes, costs, node_ids)
 
