@@ -739,14 +739,16 @@ def _llama_cpp_version() -> str:
     metadata (a replay never loads llama.cpp: importing it costs ~0.25 s)."""
     import sys
 
-    mod = sys.modules.get("llama_cpp")
+    mod: Any = sys.modules.get("llama_cpp")
     if mod is None:
         from importlib import metadata
 
         try:
             return metadata.version("llama_cpp_python")
         except metadata.PackageNotFoundError:
-            import llama_cpp as mod
+            import llama_cpp
+
+            mod = llama_cpp
     return str(mod.__version__)
 
 
