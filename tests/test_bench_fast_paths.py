@@ -351,7 +351,7 @@ def test_small_spans_in_python_equal_the_numpy_span(monkeypatch, governor, profi
         dev = sim.SimGpu(p, governor=governor, pmu_noise=noise, seed=3)
         dev.record_intervals = True
         for step in range(400):
-            n = rng.randint(1, 12)
+            n = rng.randint(1, 32)
             f = np.array([rng.choice([0.0, rng.uniform(1e3, 5e8)]) for _ in range(n)])
             b = np.array([rng.uniform(0, 2e7) for _ in range(n)])
             g = np.array(
@@ -375,3 +375,14 @@ def test_small_spans_in_python_equal_the_numpy_span(monkeypatch, governor, profi
     monkeypatch.setattr(sim, "_SMALL_SPAN", 0)  # every span through numpy
     assert fast == run()
     assert fast[7] > 1000  # kernels run
+
+
+def test_np_sum_adds_as_numpy_does_to_the_bit():
+    from turboinfer_llama.devices.sim import _np_sum
+
+    rng = np.random.default_rng(5)
+    pool = rng.random(4000) * 10.0 ** rng.integers(-6, 14, 4000)
+    for n in range(0, 200):
+        for off in (0, 1, 3, 7):
+            xs = pool[off : off + n]
+            assert _np_sum(xs.tolist()) == float(xs.sum())

@@ -339,9 +339,42 @@ def _landing(q: tuple[int, int]) -> int:
 
 _CHUNK_MIN = 128  # kernels timed per vectorised step; grows while no event cuts it
 _CHUNK_MAX = 4096
-# fewer kernels than this left in a batch: ``_small_span`` (Python numbers; numpy sums
-# fewer than 8 floats one by one, so the sums are the same)
-_SMALL_SPAN = 8
+# fewer kernels than this left in a batch: ``_small_span`` (Python numbers, quicker
+# than numpy's calls below about 30 kernels)
+_SMALL_SPAN = 25
+
+
+def _np_sum(xs: list[float]) -> float:
+    """``float(np.asarray(xs).sum())`` for a float64 list of at most 128 (numpy's
+    pairwise block): under 8 one by one from 0.0; else eight running sums, combined
+    pairwise, then the rest one by one -- the same additions in the same order, so
+    the same result to the bit."""
+    n = len(xs)
+    if n < 8:
+        res = 0.0
+        for x in xs:
+            res += x
+        return res
+    if n > 128:
+        return float(np.asarray(xs, dtype=np.float64).sum())
+    r0, r1, r2, r3, r4, r5, r6, r7 = xs[:8]
+    i = 8
+    lim = n - n % 8
+    while i < lim:
+        r0 += xs[i]
+        r1 += xs[i + 1]
+        r2 += xs[i + 2]
+        r3 += xs[i + 3]
+        r4 += xs[i + 4]
+        r5 += xs[i + 5]
+        r6 += xs[i + 6]
+        r7 += xs[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += xs[i]
+        i += 1
+    return res
 
 
 class SimGpu:
@@ -773,9 +806,9 @@ class SimGpu:
         kind: str,
     ) -> int:
         """``_bulk_span`` over fewer than ``_SMALL_SPAN`` kernels (``i..j-1``), in
-        Python numbers: the same operations in the same order (numpy sums fewer than 8
-        numbers one by one from 0.0, ``np.rint`` rounds half to even as ``round``
-        does), without its two dozen numpy calls' set-up."""
+        Python numbers: the same operations in the same order (``_np_sum`` adds as
+        numpy's sum does, ``np.rint`` rounds half to even as ``round`` does), without
+        its two dozen numpy calls' set-up."""
         p = self.profile
         t = self._t
         gaps = g[i:j].tolist()
@@ -822,15 +855,10 @@ class SimGpu:
         t_end = end[m - 1]
         busy_sum = sum(durs[:m])
         gap_sum = t_end - t - busy_sum
-        bytes_sum = 0.0
-        work_sum = 0.0
         ipo, ipb = p.instructions_per_op, p.instructions_per_byte
-        works: list[float] = []
-        for k in range(m):
-            bytes_sum += bs[k]
-            w = fs[k] * ipo + bs[k] * ipb
-            works.append(w)
-            work_sum += w
+        works = [fs[k] * ipo + bs[k] * ipb for k in range(m)]
+        bytes_sum = _np_sum(bs[:m])
+        work_sum = _np_sum(works)
         w_idle = p.power_w(hz, "idle")
         w_busy = p.power_w(hz, "busy")
         e_dram = bytes_sum * p.dram_energy_j_per_byte
