@@ -386,3 +386,89 @@ def test_np_sum_adds_as_numpy_does_to_the_bit():
         for off in (0, 1, 3, 7):
             xs = pool[off : off + n]
             assert _np_sum(xs.tolist()) == float(xs.sum())
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3])
+def test_drift_windows_in_python_equal_the_numpy_windows(gemma_10tok_segments, monkeypatch, share):
+    """``accounting._drift_window`` (``drift_end``'s short windows in Python numbers)
+    against its numpy lines: the oracle's schedule played to the same figures, with
+    other apps' DRAM load the schedule did not plan for (the run drifts: windows hit)."""
+    import dataclasses
+
+    from turboinfer_llama import accounting
+    from turboinfer_llama.control.factory import for_device, make_controller
+    from turboinfer_llama.devices.sim import SimGpu
+
+    p = load_profile("adreno650")
+    segs = phone_segments(list(gemma_10tok_segments), p)
+    oracle = make_controller(
+        "oracle", **for_device(SimGpu(p)), trace=segs, device_factory=lambda: SimGpu(p)
+    )
+    schedule = oracle.plan_schedule()
+    trace = accounting.PhoneTrace.build(segs, p, host_model=False)
+    calls = {"n": 0}
+    window = accounting._drift_window
+
+    def counted(*a):
+        calls["n"] += 1
+        return window(*a)
+
+    def run():
+        acc = accounting.scheduled_energy(trace, p, schedule, background_share=share)
+        return {k: v for k, v in dataclasses.asdict(acc).items() if k != "cpu_ms"}
+
+    monkeypatch.setattr(accounting, "_drift_window", counted)
+    fast = run()
+    assert calls["n"] > 10
+    monkeypatch.setattr(accounting, "DRIFT_PY_MAX", 0)  # every window through numpy
+    assert run() == fast
+
+
+def _drift_window_reference(p, hz, share, f, b, g, kns, t, t_start, offset, tol):
+    """``drift_end``'s numpy lines for one window (kernels ``0..len(f)-1`` of it)."""
+    dur = np.rint(p.kernel_ns_array(f, b, hz, share))
+    reach = t + np.cumsum(g[:-1] + dur[:-1])
+    off = reach - t_start - kns[1:]
+    over = np.abs(off - offset) > tol
+    if bool(over.any()):
+        return int(np.argmax(over)), float(reach[int(np.argmax(over))])
+    return -1, float(reach[-1])
+
+
+@pytest.mark.parametrize("profile", ["adreno650", "mali-g76"])
+def test_drift_window_equals_the_numpy_lines(profile):
+    from turboinfer_llama.accounting import _drift_window
+
+    p = load_profile(profile)
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(3000):
+        n = int(rng.integers(2, 26))
+        f = rng.random(n) * 10.0 ** rng.integers(2, 9, n)
+        f[rng.random(n) < 0.2] = 0.0
+        b = rng.random(n) * 10.0 ** rng.integers(2, 8, n)
+        g = rng.integers(0, 20_000, n) * (rng.random(n) < 0.5)
+        hz = int(rng.choice(p.levels_hz))
+        share = float(rng.choice([1.0, 0.7, 1.0 - 0.3]))
+        t = float(rng.integers(0, 10**12))
+        t_start = int(rng.integers(0, 10**9))
+        # predictions near the run's own times, off by up to a few tolerances
+        durs = np.rint(p.kernel_ns_array(f, b, hz, share))
+        truth = t + np.cumsum(g[:-1] + durs[:-1]) - t_start
+        kns = np.concatenate(([0.0], truth + rng.normal(0, 3_000, n - 1)))
+        offset = float(rng.normal(0, 500))
+        ref = _drift_window_reference(p, hz, share, f, b, g, kns, t, t_start, offset, 2_000)
+        got = _drift_window(
+            p.kernel_ns_coefs(hz, share),
+            f[:-1].tolist(),
+            b[:-1].tolist(),
+            g[:-1].tolist(),
+            kns[1:].tolist(),
+            t,
+            t_start,
+            offset,
+            2_000,
+        )
+        assert got == ref
+        hits += got[0] >= 0
+    assert 300 < hits < 2900

@@ -682,8 +682,25 @@ def _run(
         # the sums are of whole ns (exact in float64), so the same as one pass
         t = float(dev.now_ns())
         j, w = i, 8
+        coefs = getattr(dev.profile, "kernel_ns_coefs", None)
         while j < cut - 1:
             k = min(cut, j + w + 1)
+            if k - j <= DRIFT_PY_MAX and coefs is not None:
+                hit, t = _drift_window(
+                    coefs(hz, share),
+                    f[j : k - 1].tolist(),
+                    b[j : k - 1].tolist(),
+                    g[j : k - 1].tolist(),
+                    kns[lo + j + 1 : lo + k].tolist(),
+                    t,
+                    t_start,
+                    offset,
+                    schedule.tolerance_ns,
+                )
+                if hit >= 0:
+                    return j + 1 + hit
+                j, w = k - 1, 4 * w
+                continue
             dur = np.rint(dev.profile.kernel_ns_array(f[j:k], b[j:k], hz, share))
             reach = t + np.cumsum(g[j : k - 1] + dur[:-1])  # host reaches j+1..k-1
             off = reach - t_start - kns[lo + j + 1 : lo + k]
@@ -834,6 +851,41 @@ def _run(
 
 # batches of up to this many kernels go through ``_small_batch``
 SMALL_BATCH = 4
+# ``drift_end``'s windows of up to this many kernels in Python numbers (``_drift_window``)
+DRIFT_PY_MAX = 24
+
+
+def _drift_window(
+    coefs: tuple[float, float, float, float],
+    f: list[float],
+    b: list[float],
+    g: list[int],
+    pred_ns: list[float],
+    t: float,
+    t_start: int,
+    offset: float,
+    tolerance_ns: int,
+) -> tuple[int, float]:
+    """One window of ``drift_end``, as its numpy lines compute it: kernel ``x``'s
+    time (``SimProfile.kernel_ns_array``'s operations, rounded half to even), the host
+    reaching the next kernel at ``t`` plus the running sum of gaps and kernels
+    (``np.cumsum``: from the first, in order), its drift from the prediction
+    ``pred_ns``. Returns the first window index past the tolerance (-1: none) and the
+    time the host reaches the window's last kernel."""
+    c_f, c_b, w_lo, floor = coefs
+    acc = 0.0
+    reach = t
+    for x in range(len(f)):
+        t_c = f[x] * c_f
+        t_m = b[x] * c_b
+        hi, lo = (t_c, t_m) if t_c >= t_m else (t_m, t_c)
+        d = hi + lo * w_lo
+        step = g[x] + float(round(d if d >= floor else floor))
+        acc = step if x == 0 else acc + step
+        reach = t + acc
+        if abs(reach - t_start - pred_ns[x] - offset) > tolerance_ns:
+            return x, reach
+    return -1, reach
 
 
 class _Ran(NamedTuple):
