@@ -81,49 +81,61 @@ def phone_segments(segments: Sequence[Segment], profile: SimProfile) -> list[Seg
     recording's granularity dictates. Use with a profile whose ``host_submission_ns``
     is 0 (the shipped ones), so no host cost is counted twice."""
     out: list[Segment] = []
+    append = out.append
     segs = list(segments)
+    inter, submit, sample = StallKind.INTER_KERNEL, StallKind.SUBMIT, StallKind.SAMPLE
+    # no-op or not, by (op, shape object): a recording shares each distinct shape
+    noop: dict[tuple[str, int], bool] = {}
     i = 0
     n = len(segs)
     while i < n:
         s = segs[i]
         if s.kind == "stall":
-            if s.stall is StallKind.INTER_KERNEL:
+            if s.stall is inter:
                 i += 1
                 continue
-            if s.stall in (StallKind.SUBMIT, StallKind.SAMPLE):
+            if s.stall is submit or s.stall is sample:
                 s = _with_dur(s, profile.scale_host_ns(s.dur_ns))
-            out.append(s)
+            append(s)
             i += 1
             continue
         # one graph's run of kernels (inter-kernel stalls in between)
         j = i
+        graph = s.graph
         graph_kernels: list[Segment] = []
-        while j < n and (
-            (segs[j].kind == "kernel" and segs[j].graph == s.graph)
-            or segs[j].stall is StallKind.INTER_KERNEL
-        ):
-            if segs[j].kind == "kernel":
-                graph_kernels.append(segs[j])
+        real: list[bool] = []
+        while j < n:
+            k = segs[j]
+            if k.kind == "kernel" and k.graph == graph:
+                key = (k.op, id(k.shape))
+                nop = noop.get(key)
+                if nop is None:
+                    nop = noop[key] = cost(k.op, k.shape).is_noop
+                graph_kernels.append(k)
+                real.append(not nop)
+            elif k.stall is not inter:
+                break
             j += 1
-        real = [k for k in graph_kernels if not cost(k.op, k.shape).is_noop]
-        gaps = profile.host_gaps_ns(len(real))
-        gap_of = {id(k): int(g) for k, g in zip(real, gaps, strict=True)}
-        for k in graph_kernels:
-            g = gap_of.get(id(k), 0)
-            if g > 0:
-                out.append(
-                    Segment(
-                        "stall",
-                        k.t_ns,
-                        g,
-                        k.phase,
-                        stall=StallKind.INTER_KERNEL,
-                        request=k.request,
-                        token=k.token,
-                        graph=k.graph,
+        gaps = profile.host_gaps_ns(sum(real)).tolist()
+        r = 0
+        for k, is_real in zip(graph_kernels, real, strict=True):
+            if is_real:
+                g = int(gaps[r])
+                r += 1
+                if g > 0:
+                    append(
+                        Segment(
+                            "stall",
+                            k.t_ns,
+                            g,
+                            k.phase,
+                            stall=inter,
+                            request=k.request,
+                            token=k.token,
+                            graph=k.graph,
+                        )
                     )
-                )
-            out.append(k)
+            append(k)
         i = j
     return out
 
@@ -195,6 +207,8 @@ class PhoneTrace:
     _seg_step: np.ndarray | None = field(default=None, repr=False)
     _seg_at_step: np.ndarray | None = field(default=None, repr=False)
     _seg_at_kernel: np.ndarray | None = field(default=None, repr=False)
+    # CPU time ``build`` took (ms on this host; 0 for a trace filled incrementally)
+    build_cpu_ms: float = field(default=0.0, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -214,6 +228,7 @@ class PhoneTrace:
         worker waits there (or raises) while a request runs, as in the passes."""
         if not segments:
             raise ValueError("accounting needs at least one segment")
+        cpu0 = time.process_time()
         segs = _graph_ids(segments)
         steps: list[_Graph | _Stall] = []
         request_begin: dict[int, int] = {}
@@ -221,13 +236,14 @@ class PhoneTrace:
         n_kernels = 0
         tokens = 0
         index: dict[tuple[int, int], int] = {}
-        costs: dict[Any, tuple[float, float]] = {}
+        costs: dict[tuple[str, int], tuple[float, float]] = {}
         pending_gap = 0  # host_model=False: inter-kernel stall before the next kernel
         i = 0
         n = len(segs)
         seg_step = [-1] * n  # the stall step a segment became
         seg_kernel = [-1] * n  # the kernel index a segment became
         next_pause = BUILD_PAUSE_EVERY if pause is not None else n
+        inter = StallKind.INTER_KERNEL
         while i < n:
             if i >= next_pause:
                 pause()  # type: ignore[misc]
@@ -261,47 +277,40 @@ class PhoneTrace:
             nodes: list[int] = []
             layers: list[int] = []
             own_gaps: list[int] = []
-            while i < n and (
-                (segs[i].kind == "kernel" and segs[i].graph == graph)
-                or segs[i].stall is StallKind.INTER_KERNEL
-            ):
+            sub_ns = profile.host_submission_ns
+            base = n_kernels  # this graph's first kernel
+            while i < n:
+                k = segs[i]
+                if k.kind == "kernel":
+                    if k.graph != graph:
+                        break
+                elif k.stall is not inter:
+                    break
                 if i >= next_pause:
                     pause()  # type: ignore[misc]
                     next_pause = i + BUILD_PAUSE_EVERY
-                k = segs[i]
                 i += 1
                 if k.kind != "kernel":
                     if not host_model:
                         pending_gap += int(k.dur_ns)
                     continue
                 sh = k.shape
-                key = (
-                    k.op,
-                    None
-                    if sh is None
-                    else (
-                        sh.ne,
-                        sh.type,
-                        sh.src0_ne,
-                        sh.src0_type,
-                        sh.src1_ne,
-                        sh.src1_type,
-                        sh.nbytes,
-                    ),
-                )
+                # by the shape object: a recording shares each distinct shape (the
+                # segments hold every keyed one alive while its id is a key)
+                key = (k.op, id(sh))
                 work = costs.get(key)
                 if work is None:
                     c = cost(k.op, sh)
                     work = costs[key] = (c.flops, c.bytes)
                 if work == (0, 0):
                     continue
-                seg_kernel[i - 1] = n_kernels + len(flops)
+                seg_kernel[i - 1] = base + len(flops)
                 flops.append(work[0])
                 bytes_.append(work[1])
                 nodes.append(k.node)
                 layers.append(k.layer)
                 if not host_model:
-                    own_gaps.append(pending_gap + (0 if k.timed else profile.host_submission_ns))
+                    own_gaps.append(pending_gap + (0 if k.timed else sub_ns))
                     pending_gap = 0
             if not flops:
                 continue
@@ -324,6 +333,7 @@ class PhoneTrace:
             n_kernels += len(flops)
         out = cls(profile.name, steps, request_begin, n_kernels, tokens, index)
         out._anchors(segs, seg_step, seg_kernel)
+        out.build_cpu_ms = (time.process_time() - cpu0) * 1e3
         return out
 
     def _anchors(self, segs: Sequence[Segment], step: list[int], kernel: list[int]) -> None:
@@ -672,8 +682,25 @@ def _run(
         # the sums are of whole ns (exact in float64), so the same as one pass
         t = float(dev.now_ns())
         j, w = i, 8
+        coefs = getattr(dev.profile, "kernel_ns_coefs", None)
         while j < cut - 1:
             k = min(cut, j + w + 1)
+            if k - j <= DRIFT_PY_MAX and coefs is not None:
+                hit, t = _drift_window(
+                    coefs(hz, share),
+                    f[j : k - 1].tolist(),
+                    b[j : k - 1].tolist(),
+                    g[j : k - 1].tolist(),
+                    kns[lo + j + 1 : lo + k].tolist(),
+                    t,
+                    t_start,
+                    offset,
+                    schedule.tolerance_ns,
+                )
+                if hit >= 0:
+                    return j + 1 + hit
+                j, w = k - 1, 4 * w
+                continue
             dur = np.rint(dev.profile.kernel_ns_array(f[j:k], b[j:k], hz, share))
             reach = t + np.cumsum(g[j : k - 1] + dur[:-1])  # host reaches j+1..k-1
             off = reach - t_start - kns[lo + j + 1 : lo + k]
@@ -824,6 +851,41 @@ def _run(
 
 # batches of up to this many kernels go through ``_small_batch``
 SMALL_BATCH = 4
+# ``drift_end``'s windows of up to this many kernels in Python numbers (``_drift_window``)
+DRIFT_PY_MAX = 24
+
+
+def _drift_window(
+    coefs: tuple[float, float, float, float],
+    f: list[float],
+    b: list[float],
+    g: list[int],
+    pred_ns: list[float],
+    t: float,
+    t_start: int,
+    offset: float,
+    tolerance_ns: int,
+) -> tuple[int, float]:
+    """One window of ``drift_end``, as its numpy lines compute it: kernel ``x``'s
+    time (``SimProfile.kernel_ns_array``'s operations, rounded half to even), the host
+    reaching the next kernel at ``t`` plus the running sum of gaps and kernels
+    (``np.cumsum``: from the first, in order), its drift from the prediction
+    ``pred_ns``. Returns the first window index past the tolerance (-1: none) and the
+    time the host reaches the window's last kernel."""
+    c_f, c_b, w_lo, floor = coefs
+    acc = 0.0
+    reach = t
+    for x in range(len(f)):
+        t_c = f[x] * c_f
+        t_m = b[x] * c_b
+        hi, lo = (t_c, t_m) if t_c >= t_m else (t_m, t_c)
+        d = hi + lo * w_lo
+        step = g[x] + float(round(d if d >= floor else floor))
+        acc = step if x == 0 else acc + step
+        reach = t + acc
+        if abs(reach - t_start - pred_ns[x] - offset) > tolerance_ns:
+            return x, reach
+    return -1, reach
 
 
 class _Ran(NamedTuple):

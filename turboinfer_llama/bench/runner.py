@@ -9,10 +9,13 @@ power saving on and off to measure what the plugin costs in engine time.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import gc
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,30 +182,100 @@ def replay_all(
     Controllers are independent runs: with ``cfg.workers`` above 1 (None: the CPUs,
     for a trace of ``POOL_MIN_SEGMENTS`` or more) they run in that many forked worker
     processes, the slowest first; the figures are the same as one by one."""
-    issued: dict[str, list[tuple[int, int]]] = {}
+    with _gc_frozen_scope():
+        _replay_all(cfg, segments, results, intervals, progress, accounting, oracle_bound)
+
+
+def _replay_all(
+    cfg: BenchConfig,
+    segments: list[Segment],
+    results: dict[str, ReplayResult],
+    intervals: dict[str, list[Any]],
+    progress: Progress | None,
+    accounting: dict[str, Any] | None,
+    oracle_bound: dict[str, Any] | None,
+) -> None:
+    checks: dict[str, Any] = {}
     want_issued = accounting is not None
     names = list(cfg.controllers)
     workers = _workers(cfg, len(names), len(segments))
+    _prepare(cfg, segments)
     if workers > 1:
         bounds = _replay_pooled(
-            cfg, segments, names, workers, want_issued, results, intervals, issued, progress
+            cfg, segments, names, workers, want_issued, results, intervals, checks, progress
         )
     else:
         bounds = {}
         for i, name in enumerate(names):
-            res, iv, log, bound = _replay_one(cfg, name, segments, want_issued)
+            res, iv, check, bound = _replay_one(cfg, name, segments, want_issued)
             results[name] = res
             bounds.update(bound or {})
             if iv is not None:
                 intervals[name] = iv
-            if log is not None:
-                issued[name] = log
+            checks.update(check or {})
             if progress:
                 progress("replay", i + 1, len(names))
     if oracle_bound is not None:
         oracle_bound.update(bounds)
-    if accounting is not None and issued:
-        accounting.update(_account_check(cfg, segments, results, issued))
+    if accounting is not None and any(k != _SHADOW for k in checks):
+        accounting.update(_account_check(cfg, segments, results, checks))
+
+
+@contextlib.contextmanager
+def _gc_paused(*, freeze: bool = False) -> Iterator[None]:
+    """No cyclic garbage collection inside: building a trace's segments, arrays and
+    blocks makes hundreds of thousands of objects, none in a cycle, and the collector
+    would rescan them all again and again while they are built. With ``freeze``, what
+    exists at the end is moved out of the collector's reach (``gc.freeze``) before it
+    runs again: else its next pass, in this process and in every forked worker (each
+    touching every page: copy-on-write), walks the whole trace (seconds)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _gc_frozen_scope() -> Iterator[None]:
+    """Objects frozen inside (``_gc_paused(freeze=True)``) go back to the collector at
+    the end, unless some were frozen before (the caller's: left as they are)."""
+    global _FREEZE_AT_EXIT
+    outer = gc.get_freeze_count() > 0
+    if not _FREEZE_AT_EXIT:
+        # the interpreter's last collection, at exit, would walk the whole trace if it
+        # is still alive then (the CLI's outcome): nothing is left to collect by then
+        atexit.register(gc.freeze)
+        _FREEZE_AT_EXIT = True
+    try:
+        yield
+    finally:
+        if not outer:
+            gc.unfreeze()
+
+
+_FREEZE_AT_EXIT = False
+
+
+def _prepare(cfg: BenchConfig, segments: list[Segment]) -> None:
+    """What every controller's run would build from the trace (the accounting's
+    ``PhoneTrace``, replay's per-graph blocks and node costs), built once up front:
+    the runs share it (forked workers inherit it)."""
+    from ..accounting import PhoneTrace
+    from ..control.replay import prepare
+
+    dev = _open_sim(cfg.device)
+    try:
+        with _gc_paused(freeze=True):
+            if hasattr(dev, "profile"):
+                PhoneTrace.shared(segments, dev.profile)
+                prepare(segments, dev)
+    finally:
+        dev.close()
 
 
 def _workers(cfg: BenchConfig, n_controllers: int, n_segments: int) -> int:
@@ -221,8 +294,9 @@ def _workers(cfg: BenchConfig, n_controllers: int, n_segments: int) -> int:
 # the trace and config a forked worker replays (set in the parent before the fork)
 _POOL_JOB: tuple[BenchConfig, list[Segment], bool] | None = None
 
-# most expensive first, so the longest run starts at once (the oracle's check runs)
-_COST_ORDER = ("oracle", "tmpc", "ztt", "reactive", "max", "static-best", "phase", "default")
+# most expensive first, so the longest run starts at once and the short ones fill in
+# (default: its intervals for the plot and the accounting check's shadow)
+_COST_ORDER = ("oracle", "tmpc", "default", "ztt", "reactive", "phase", "static-best", "max")
 
 
 def _replay_in_worker(name: str) -> tuple[str, ReplayResult, list[Any] | None, Any, Any]:
@@ -239,25 +313,14 @@ def _replay_pooled(
     want_issued: bool,
     results: dict[str, ReplayResult],
     intervals: dict[str, list[Any]],
-    issued: dict[str, list[tuple[int, int]]],
+    checks: dict[str, Any],
     progress: Progress | None,
 ) -> dict[str, Any]:
     """``replay_all`` in ``workers`` forked processes; returns the oracle's bound."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from ..accounting import PhoneTrace
-    from ..control.replay import prepare
-
     global _POOL_JOB
-    # what every worker would build: built once here, inherited by the fork
-    dev = _open_sim(cfg.device)
-    try:
-        if hasattr(dev, "profile"):
-            PhoneTrace.shared(segments, dev.profile)
-            prepare(segments, dev)
-    finally:
-        dev.close()
     _POOL_JOB = (cfg, segments, want_issued)
     order = sorted(names, key=lambda n: _COST_ORDER.index(n) if n in _COST_ORDER else 1)
     done: dict[str, tuple[ReplayResult, Any, Any]] = {}
@@ -266,8 +329,8 @@ def _replay_pooled(
     try:
         futures = [pool.submit(_replay_in_worker, n) for n in order]
         for fut in as_completed(futures):
-            name, res, iv, log, bound = fut.result()
-            done[name] = (res, iv, log)
+            name, res, iv, check, bound = fut.result()
+            done[name] = (res, iv, check)
             bounds.update(bound or {})
             if progress:
                 progress("replay", len(done), len(names))
@@ -280,28 +343,35 @@ def _replay_pooled(
         _POOL_JOB = None
         for name in names:  # in the order asked for, whatever finished
             if name in done:
-                res, iv, log = done[name]
+                res, iv, check = done[name]
                 results[name] = res
                 if iv is not None:
                     intervals[name] = iv
-                if log is not None:
-                    issued[name] = log
+                checks.update(check or {})
     return bounds
+
+
+# the accounting check's default-governor shadow, among the per-controller checks
+_SHADOW = "\0shadow"
 
 
 def _replay_one(
     cfg: BenchConfig, name: str, segments: list[Segment], want_issued: bool
-) -> tuple[ReplayResult, list[Any] | None, list[tuple[int, int]] | None, dict[str, Any] | None]:
+) -> tuple[ReplayResult, list[Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
     """One controller on a fresh simulator: its result, its intervals (for the plot:
-    ``default`` and ``tmpc``), when ``want_issued`` the switches a closed-loop replay
-    issued (for the accounting check), and the oracle's bound (``bound_summary``)."""
+    ``default`` and ``tmpc``), when ``want_issued`` its part of the accounting check
+    (``_check_one``: a closed-loop replay's issued switches accounted by the
+    arrays-based pass; with ``default``, the default-governor shadow), and the
+    oracle's bound (``bound_summary``). The check runs here, in the controller's own
+    worker, as soon as the replay ends."""
     dev = _open_sim(cfg.device, record_intervals=cfg.intervals and name in ("default", "tmpc"))
     try:
         bound: dict[str, Any] = {}
         acc = _accounted(cfg, name, segments, dev, bound)
         if acc is not None:
             iv = list(dev.intervals) if dev.record_intervals else None
-            return acc, iv, None, bound or None
+            check = _check_shadow(dev, segments) if want_issued and name == "default" else None
+            return acc, iv, check, bound or None
         ctrl = make_controller(
             name,
             **for_device(dev),
@@ -312,9 +382,32 @@ def _replay_one(
         )
         log = _log_issued(dev) if want_issued and hasattr(dev, "profile") else None
         res = replay(segments, ctrl, dev, seed=cfg.seed)
-        return res, (list(dev.intervals) if dev.record_intervals else None), log, None
+        iv = list(dev.intervals) if dev.record_intervals else None
+        return res, iv, (_check_one(dev, segments, name, log) if log is not None else None), None
     finally:
         dev.close()
+
+
+def _check_one(
+    dev: Any, segments: list[Segment], name: str, log: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """The switches a replay issued (``log``), accounted by the arrays-based pass on
+    the shared trace: ``{name: Account}``."""
+    from ..accounting import PhoneTrace, Switches, applied_energy
+
+    trace = PhoneTrace.shared(segments, dev.profile)
+    switches = Switches.at_times([t for t, _ in log], [h for _, h in log])
+    return {name: applied_energy(trace, dev.profile, switches)}
+
+
+def _check_shadow(dev: Any, segments: list[Segment]) -> dict[str, Any] | None:
+    """The default-governor shadow of the shared trace (on a fresh simulator of the
+    profile, as the check's cost is measured): ``{_SHADOW: Account}``."""
+    from ..accounting import PhoneTrace, default_shadow
+
+    if not hasattr(dev, "profile"):
+        return None
+    return {_SHADOW: default_shadow(PhoneTrace.shared(segments, dev.profile), dev.profile)}
 
 
 def _accounted(
@@ -394,35 +487,29 @@ def _account_check(
     cfg: BenchConfig,
     segments: list[Segment],
     results: dict[str, ReplayResult],
-    issued: dict[str, list[tuple[int, int]]],
+    checks: dict[str, Any],
 ) -> dict[str, Any]:
-    """The arrays-based accounting of each replayed run: CPU ms per token (applied
-    energy plus the default-governor shadow) and its deviation from the replay."""
-    import time as _time
-
-    from ..accounting import PhoneTrace, Switches, applied_energy, default_shadow
+    """The arrays-based accounting of each replayed run (``checks``: by controller, its
+    issued switches' ``applied_energy`` and the default shadow under ``_SHADOW``, made
+    where each ran): CPU ms per token (applied energy plus the default-governor shadow;
+    the shared trace's build on top) and its deviation from the replay."""
+    from ..accounting import PhoneTrace, default_shadow
 
     dev = _open_sim(cfg.device)
     profile = dev.profile
     dev.close()
-    t0 = _time.process_time()
-    trace = PhoneTrace.build(segments, profile, host_model=False)
-    build_ms = (_time.process_time() - t0) * 1e3
-    shadow = default_shadow(trace, profile)
+    trace = PhoneTrace.shared(segments, profile)
+    build_ms = trace.build_cpu_ms
+    shadow = checks.get(_SHADOW)
+    if shadow is None:
+        shadow = default_shadow(trace, profile)
     per_token: list[float] = []
     worst = {"energy": 0.0, "tpot": 0.0, "ttft": 0.0}
-    for name, log in issued.items():
+    for name, acc in checks.items():
         r = results.get(name)
-        if r is None or not r.tokens:
+        if name == _SHADOW or r is None or not r.tokens:
             continue
-        if name == "default":
-            acc = shadow
-            ms = shadow.cpu_ms
-        else:
-            acc = applied_energy(
-                trace, profile, Switches.at_times([t for t, _ in log], [h for _, h in log])
-            )
-            ms = acc.cpu_ms + shadow.cpu_ms
+        ms = acc.cpu_ms + shadow.cpu_ms
         per_token.append(ms / r.tokens)
         worst["energy"] = max(worst["energy"], abs(acc.energy_j / r.energy_j - 1))
         worst["tpot"] = max(worst["tpot"], abs(acc.tpot_ms / r.tpot_ms - 1))
@@ -627,8 +714,6 @@ def build_report(
             "tokens": r.tokens,
             "simulated": r.simulated,
         }
-    import llama_cpp
-
     return {
         "version": JSON_VERSION,
         "device": cfg.device,
@@ -645,8 +730,26 @@ def build_report(
         "seed": cfg.seed,
         "controllers": ctrls,
         "live": live,
-        "host": {"machine": platform.machine(), "llama_cpp_python": llama_cpp.__version__},
+        "host": {"machine": platform.machine(), "llama_cpp_python": _llama_cpp_version()},
     }
+
+
+def _llama_cpp_version() -> str:
+    """llama-cpp-python's version: the module's when it is loaded, else its installed
+    metadata (a replay never loads llama.cpp: importing it costs ~0.25 s)."""
+    import sys
+
+    mod: Any = sys.modules.get("llama_cpp")
+    if mod is None:
+        from importlib import metadata
+
+        try:
+            return metadata.version("llama_cpp_python")
+        except metadata.PackageNotFoundError:
+            import llama_cpp
+
+            mod = llama_cpp
+    return str(mod.__version__)
 
 
 def check_prompt_lengths(cfg: BenchConfig, model: str) -> None:
@@ -747,30 +850,37 @@ def run_bench(
     oracle_bound: dict[str, Any] = {}
     interrupted = False
     try:
-        if cfg.replay:
-            try:
-                events, meta = load_trace(cfg.replay)
-            except FileNotFoundError:
-                raise BenchError(f"trace not found: {cfg.replay}") from None
-            except TraceFormatError as e:
-                raise BenchError(str(e)) from e
-            model = str(meta.get("model", "recorded trace"))
-        else:
-            events = record_runs(cfg, model, progress)
-            if cfg.record:
-                save_trace(cfg.record, events, {"model": Path(model).name, "seed": cfg.seed})
-        segments = segments_of(events)
-        if not any(s.kind == "kernel" for s in segments):
-            raise BenchError("the trace has no kernels to replay")
-        replay_all(
-            cfg,
-            phone_trace(cfg.device, segments),
-            results,
-            intervals,
-            progress,
-            accounting,
-            oracle_bound,
-        )
+        with _gc_frozen_scope():
+            events: list[Event] = []
+            if not cfg.replay:
+                events = record_runs(cfg, model, progress)
+                if cfg.record:
+                    save_trace(cfg.record, events, {"model": Path(model).name, "seed": cfg.seed})
+            # the trace's objects built with the collector paused, then frozen (their
+            # replays, here and in forked workers, never walk them); back at the end
+            with _gc_paused(freeze=True):
+                if cfg.replay:
+                    try:
+                        events, meta = load_trace(cfg.replay)
+                    except FileNotFoundError:
+                        raise BenchError(f"trace not found: {cfg.replay}") from None
+                    except TraceFormatError as e:
+                        raise BenchError(str(e)) from e
+                    model = str(meta.get("model", "recorded trace"))
+                segments = segments_of(events)
+                del events  # the segments hold what replay needs
+                if not any(s.kind == "kernel" for s in segments):
+                    raise BenchError("the trace has no kernels to replay")
+                phone = phone_trace(cfg.device, segments)
+            replay_all(
+                cfg,
+                phone,
+                results,
+                intervals,
+                progress,
+                accounting,
+                oracle_bound,
+            )
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:

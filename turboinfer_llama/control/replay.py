@@ -540,13 +540,12 @@ def replay(
         reseed(seed)
     if not getattr(controller, "uses_device_governor", False):
         device.governor = None
-    kernels = [s for s in segments if s.kind == "kernel"]
-    timed = all(s.timed for s in kernels)
+    timed, graphs = _shared_kernels(given_segments, segments)
     gran = ("kernel" if timed else "graph") if granularity == "auto" else granularity
     recorded = timing == "recorded"
-    graphs = _graphs(segments)
     costs = NodeCosts()
     node_info = _shared_node_info(given_segments, segments)
+    node_ids = _shared_node_ids(given_segments, segments)
     r = _Runner(controller, device, timer_ns, recorded=recorded)
     if not counters:
         r.on_counters = None
@@ -598,7 +597,7 @@ def replay(
         if started == graph and nodes and ask_ns and r.on_graph is not None:
             info = node_info.get(graph)
             if info is None:
-                info = node_info[graph] = _node_info(nodes, costs)
+                info = node_info[graph] = _node_info(nodes, costs, node_ids)
             batch = _batch(graph, nodes, info, gran, t_begin, ask_ns, done_ns, now)
             delay = plan_delays_ns.get(graph, plan_delay_ns) if plan_delays_ns else plan_delay_ns
             given = graph_inputs_ns.get(graph) if graph_inputs_ns is not None else None
@@ -936,6 +935,32 @@ def _shared_node_info(given: Sequence[Segment], segments: list[Segment]) -> dict
     return _SHARED[2].setdefault("node_info", {})  # type: ignore[no-any-return]
 
 
+def _shared_kernels(
+    given: Sequence[Segment], segments: list[Segment]
+) -> tuple[bool, dict[int, list[Segment]]]:
+    """Whether every kernel is timed, and each graph's kernels (``_graphs``), of the
+    last segments list given (read-only: shared by its replays); built afresh for
+    another."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return _timed_and_graphs(segments)
+    cache = _SHARED[2]
+    if "kernels" not in cache:
+        cache["kernels"] = _timed_and_graphs(segments)
+    return cache["kernels"]  # type: ignore[no-any-return]
+
+
+def _timed_and_graphs(segments: Sequence[Segment]) -> tuple[bool, dict[int, list[Segment]]]:
+    return all(s.timed for s in segments if s.kind == "kernel"), _graphs(segments)
+
+
+def _shared_node_ids(given: Sequence[Segment], segments: list[Segment]) -> dict[tuple, Any]:
+    """``_node_info``'s cache by the nodes' (op, shape object, name) for the last
+    segments list given (it holds every keyed shape alive); a fresh dict for another."""
+    if _SHARED is None or _SHARED[0] is not given or _SHARED[1] is not segments:
+        return {}
+    return _SHARED[2].setdefault("node_ids", {})  # type: ignore[no-any-return]
+
+
 def _shared_blocks(
     given: Sequence[Segment], segments: list[Segment], gran: str, submission_ns: int
 ) -> dict[int, tuple[_Block, int]]:
@@ -951,15 +976,23 @@ def _shared_blocks(
 
 def prepare(segments: Sequence[Segment], device: Any, granularity: str = "auto") -> None:
     """Build what ``replay(segments, ..., device)`` at ``granularity`` shares between
-    runs of the same trace (its per-graph blocks), e.g. before forking workers."""
+    runs of the same trace (its per-graph blocks, every graph's node costs), e.g.
+    before forking workers."""
     segs = _shared_graphs(segments)
-    kernels = [s for s in segs if s.kind == "kernel"]
+    timed, graphs = _shared_kernels(segments, segs)
     gran = granularity
     if gran == "auto":
-        gran = "kernel" if all(s.timed for s in kernels) else "graph"
+        gran = "kernel" if timed else "graph"
     if gran in ("kernel", "graph"):
         sub = int(getattr(getattr(device, "profile", None), "host_submission_ns", 0) or 0)
         _shared_blocks(segments, segs, gran, sub)
+    # every graph's node costs, in trace order, as the first replay would fill them
+    node_info = _shared_node_info(segments, segs)
+    node_ids = _shared_node_ids(segments, segs)
+    costs = NodeCosts()
+    for graph, nodes in graphs.items():
+        if graph not in node_info:
+            node_info[graph] = _node_info(nodes, costs, node_ids)
 
 
 def _blocks(
@@ -971,67 +1004,69 @@ def _blocks(
     per_graph: dict[int, int] = {}  # kernels of each graph seen so far (ordinals)
     out: dict[int, tuple[_Block, int]] = {}
     kernel_gran = gran == "kernel"
-    cur: dict[str, Any] | None = None
+    inter = StallKind.INTER_KERNEL
+    # the open block: its (graph, phase, request) and its items' columns
+    cur: tuple[int, str, int] | None = None
+    first: list[int] = []
+    kseg: list[int] = []
+    gaps: list[int] = []
+    fl: list[float] = []
+    by: list[float] = []
+    noops: list[bool] = []
+    slows: list[bool] = []
+    ords: list[int] = []
     start = -1  # first segment of the pending item
     pend_gap = 0
 
     def close() -> None:
-        nonlocal cur
-        if cur is not None and cur["first"]:
+        nonlocal cur, first, kseg, gaps, fl, by, noops, slows, ords
+        if cur is not None and first:
             blk = _Block(
-                cur["graph"],
-                cur["phase"],
-                cur["request"],
-                cur["first"],
-                cur["kseg"],
-                np.asarray(cur["gap"], dtype=np.int64),
-                np.asarray(cur["f"], dtype=np.float64),
-                np.asarray(cur["b"], dtype=np.float64),
-                np.asarray(cur["noop"], dtype=bool),
-                np.asarray(cur["slow"], dtype=bool),
-                np.asarray(cur["ord"], dtype=np.int64),
+                cur[0],
+                cur[1],
+                cur[2],
+                first,
+                kseg,
+                np.asarray(gaps, dtype=np.int64),
+                np.asarray(fl, dtype=np.float64),
+                np.asarray(by, dtype=np.float64),
+                np.asarray(noops, dtype=bool),
+                np.asarray(slows, dtype=bool),
+                np.asarray(ords, dtype=np.int64),
             )
-            for j, s in enumerate(blk.first):
+            for j, s in enumerate(first):
                 out[s] = (blk, j)
         cur = None
+        first, kseg, gaps, fl, by, noops, slows, ords = [], [], [], [], [], [], [], []
 
     for i, s in enumerate(segments):
         if s.kind == "kernel":
-            ordn = per_graph.get(s.graph, 0)
-            per_graph[s.graph] = ordn + 1
-            if cur is None or (cur["graph"], cur["phase"], cur["request"]) != (
-                s.graph,
-                s.phase,
-                s.request,
-            ):
+            g = s.graph
+            ordn = per_graph.get(g, 0)
+            per_graph[g] = ordn + 1
+            if cur is None or cur[0] != g or cur[1] != s.phase or cur[2] != s.request:
                 close()
-                cur = {
-                    "graph": s.graph,
-                    "phase": s.phase,
-                    "request": s.request,
-                    **{k: [] for k in ("first", "kseg", "gap", "f", "b", "noop", "slow", "ord")},
-                }
+                cur = (g, s.phase, s.request)
             key = (s.op, id(s.shape))
             c = costs.get(key)
             if c is None:
                 c = costs[key] = cost(s.op, s.shape)
                 shapes.append(s.shape)
-            if not kernel_gran and c.is_noop:
+            is_noop = c.is_noop
+            if not kernel_gran and is_noop:
                 continue  # its stalls join the next launched kernel's gap
-            gap = pend_gap + (0 if c.is_noop or (kernel_gran and s.timed) else submission_ns)
-            cur["first"].append(start if start >= 0 else i)
-            cur["kseg"].append(i)
-            cur["gap"].append(gap)
-            cur["f"].append(c.flops)
-            cur["b"].append(c.bytes)
-            cur["noop"].append(c.is_noop)
-            cur["slow"].append(kernel_gran and ((c.is_noop and gap > 0) or not s.timed))
-            cur["ord"].append(ordn)
+            gap = pend_gap + (0 if is_noop or (kernel_gran and s.timed) else submission_ns)
+            first.append(start if start >= 0 else i)
+            kseg.append(i)
+            gaps.append(gap)
+            fl.append(c.flops)
+            by.append(c.bytes)
+            noops.append(is_noop)
+            slows.append(kernel_gran and ((is_noop and gap > 0) or not s.timed))
+            ords.append(ordn)
             start, pend_gap = -1, 0
             continue
-        if s.stall is StallKind.INTER_KERNEL and (
-            cur is None or (cur["phase"], cur["request"]) == (s.phase, s.request)
-        ):
+        if s.stall is inter and (cur is None or (cur[1] == s.phase and cur[2] == s.request)):
             if start < 0:
                 start = i
             pend_gap += int(s.dur_ns)
@@ -1049,11 +1084,22 @@ def _is_layer_out(name: str) -> bool:
 _NodeInfo = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
 
 
-def _node_info(nodes: list[Segment], costs: NodeCosts) -> _NodeInfo:
+def _node_info(
+    nodes: list[Segment], costs: NodeCosts, by_ids: dict[tuple, Any] | None = None
+) -> _NodeInfo:
     """A graph's node costs (compute ns, memory ns, launch), its layer outputs and its
     batch size: the same in every replay of the trace (read-only: shared by them).
     Graphs of one shape share the very same arrays, as the live ingest hands them out
-    (the planner keys its per-shape work on their identity)."""
+    (the planner keys its per-shape work on their identity). ``by_ids``: a cache by
+    each node's (op, shape object, name), which a recording's shared shapes make
+    cheap to key (the caller keeps the keyed shapes alive); equal keys there mean
+    equal keys by value, so the same arrays."""
+    ids = None
+    if by_ids is not None:
+        ids = tuple([(nd.op, id(nd.shape), nd.name) for nd in nodes])
+        hit = by_ids.get(ids)
+        if hit is not None:
+            return (*hit, _batch_of(nodes))
     key = tuple((nd.op, nd.shape, _is_layer_out(nd.name)) for nd in nodes)
     got = costs.by_nodes.get(key)
     if got is None:
@@ -1065,6 +1111,8 @@ def _node_info(nodes: list[Segment], costs: NodeCosts) -> _NodeInfo:
             a.setflags(write=False)
         if len(costs.by_nodes) < 4096:
             costs.by_nodes[key] = got
+    if ids is not None and len(by_ids) < 4096:  # type: ignore[arg-type]
+        by_ids[ids] = got  # type: ignore[index]
     return (*got, _batch_of(nodes))
 
 

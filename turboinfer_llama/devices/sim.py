@@ -132,6 +132,7 @@ class SimProfile:
         object.__setattr__(self, "_bw_factor_by_level", factors)
         object.__setattr__(self, "_level_index", {h: i for i, h in enumerate(self.levels_hz)})
         object.__setattr__(self, "_power_cache", {})
+        object.__setattr__(self, "_ns_coef_cache", {})
 
     def _bus_factor(self, i: int) -> float:
         if not self.bus_vote_index or self.bus_coupling == 0.0:
@@ -193,6 +194,30 @@ class SimProfile:
         t_m = bytes_ / bw * 1e9
         t = max(t_c, t_m) + (1.0 - self.compute_memory_overlap) * min(t_c, t_m)
         return max(t, float(self.kernel_floor_ns))
+
+    def kernel_ns_coefs(
+        self, hz: int, bandwidth_share: float = 1.0
+    ) -> tuple[float, float, float, float]:
+        """``kernel_ns_array``'s scalars at one clock and share, computed as it does
+        (cached): ns per flop, ns per byte, the weight of the shorter of the two, the
+        floor."""
+        cache: dict[tuple[int, float], tuple[float, float, float, float]]
+        cache = self._ns_coef_cache  # type: ignore[attr-defined]
+        co = cache.get((hz, bandwidth_share))
+        if co is None:
+            bw = (
+                self.dram_bandwidth_bytes_per_s
+                * self.memory_efficiency
+                * bandwidth_share
+                * self.bandwidth_factor(hz)
+            )
+            co = cache[(hz, bandwidth_share)] = (
+                1e9 / (self.peak_ops_per_cycle * self.compute_efficiency * hz),
+                1e9 / bw,
+                1.0 - self.compute_memory_overlap,
+                float(self.kernel_floor_ns),
+            )
+        return co
 
     def kernel_ns_array(
         self, flops: np.ndarray, bytes_: np.ndarray, hz: int, bandwidth_share: float = 1.0
@@ -314,6 +339,42 @@ def _landing(q: tuple[int, int]) -> int:
 
 _CHUNK_MIN = 128  # kernels timed per vectorised step; grows while no event cuts it
 _CHUNK_MAX = 4096
+# fewer kernels than this left in a batch: ``_small_span`` (Python numbers, quicker
+# than numpy's calls below about 30 kernels)
+_SMALL_SPAN = 25
+
+
+def _np_sum(xs: list[float]) -> float:
+    """``float(np.asarray(xs).sum())`` for a float64 list of at most 128 (numpy's
+    pairwise block): under 8 one by one from 0.0; else eight running sums, combined
+    pairwise, then the rest one by one -- the same additions in the same order, so
+    the same result to the bit."""
+    n = len(xs)
+    if n < 8:
+        res = 0.0
+        for x in xs:
+            res += x
+        return res
+    if n > 128:
+        return float(np.asarray(xs, dtype=np.float64).sum())
+    r0, r1, r2, r3, r4, r5, r6, r7 = xs[:8]
+    i = 8
+    lim = n - n % 8
+    while i < lim:
+        r0 += xs[i]
+        r1 += xs[i + 1]
+        r2 += xs[i + 2]
+        r3 += xs[i + 3]
+        r4 += xs[i + 4]
+        r5 += xs[i + 5]
+        r6 += xs[i + 6]
+        r7 += xs[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += xs[i]
+        i += 1
+    return res
 
 
 class SimGpu:
@@ -648,21 +709,33 @@ class SimGpu:
         p = self.profile
         t = self._t
         j = min(len(f), i + chunk)
+        if j - i < _SMALL_SPAN:
+            return self._small_span(f, b, g, i, j, stop_at_ns, ends, kind)
         gaps = g[i:j]
         # a gap that reaches the idle timeout slumbers: leave it to the per-kernel path
         timeout = p.idle_timeout_ns
         idle0 = t - self._idle_since if self._idle_since is not None else 0
-        m_max = len(gaps)
+        m_max = j - i
         if m_max and int(gaps.max()) >= timeout:
             m_max = int(np.argmax(gaps >= timeout))
-        if m_max > 0 and gaps[0] + idle0 >= timeout:
+        if m_max > 0 and int(gaps[0]) + idle0 >= timeout:
             m_max = 0
         if m_max == 0:
             return 0
         hz = self._hz
-        dur = np.rint(p.kernel_ns_array(f[i : i + m_max], b[i : i + m_max], hz, self._bw_share))
+        # ``p.kernel_ns_array`` (the same operations) with its scalars cached
+        c_f, c_b, w_lo, floor = p.kernel_ns_coefs(hz, self._bw_share)
+        t_c = f[i : i + m_max] * c_f
+        t_m = b[i : i + m_max] * c_b
+        dur = np.maximum(t_c, t_m)
+        np.minimum(t_c, t_m, out=t_c)
+        t_c *= w_lo
+        dur += t_c
+        np.maximum(dur, floor, out=dur)
+        np.rint(dur, out=dur)
         dur_i = dur.astype(np.int64)
-        end = t + np.cumsum(gaps[:m_max] + dur_i)
+        end = np.cumsum(gaps[:m_max] + dur_i)
+        end += t
         limit: float = self._next_device_event_ns()
         if stop_at_ns is not None:
             limit = min(limit, stop_at_ns)
@@ -676,8 +749,9 @@ class SimGpu:
                 m, notify = k + 1, True
         if m == 0:
             return 0
-        gap_sum = int(gaps[:m].sum())
+        t_end = int(end[m - 1])
         busy_sum = int(dur_i[:m].sum())
+        gap_sum = t_end - t - busy_sum  # the gaps' sum: the span is gaps and kernels
         fb, bb = f[i : i + m], b[i : i + m]
         bytes_sum = float(bb.sum())
         w_idle = p.power_w(hz, "idle")
@@ -685,19 +759,16 @@ class SimGpu:
         e_dram = bytes_sum * p.dram_energy_j_per_byte
         phase = self._phase
         if self.record_intervals:
-            starts = end[:m] - dur_i[:m] - gaps[:m]
-            for k in range(m):
-                self._record(
-                    int(starts[k]), int(gaps[k]), hz, "idle", phase, w_idle * gaps[k] * 1e-9
-                )
-                self._record(
-                    int(starts[k] + gaps[k]),
-                    int(dur_i[k]),
-                    hz,
-                    "busy",
-                    phase,
-                    w_busy * dur_i[k] * 1e-9 + bb[k] * p.dram_energy_j_per_byte,
-                )
+            self._record_span(
+                (end[:m] - dur_i[:m] - gaps[:m]).tolist(),
+                gaps[:m].tolist(),
+                dur_i[:m].tolist(),
+                bb.tolist(),
+                hz,
+                phase,
+                w_idle,
+                w_busy,
+            )
         e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
         self.energy_j += e
         self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
@@ -716,7 +787,111 @@ class SimGpu:
         else:
             self._instructions += float(work.sum())
         self.kernels += m
-        self._t = int(end[m - 1])
+        self._t = t_end
+        self._idle_since = None
+        ends[i : i + m] = end[:m]
+        if notify:
+            self._tz_notify()
+        return m
+
+    def _small_span(
+        self,
+        f: np.ndarray,
+        b: np.ndarray,
+        g: np.ndarray,
+        i: int,
+        j: int,
+        stop_at_ns: int | None,
+        ends: np.ndarray,
+        kind: str,
+    ) -> int:
+        """``_bulk_span`` over fewer than ``_SMALL_SPAN`` kernels (``i..j-1``), in
+        Python numbers: the same operations in the same order (``_np_sum`` adds as
+        numpy's sum does, ``np.rint`` rounds half to even as ``round`` does), without
+        its two dozen numpy calls' set-up."""
+        p = self.profile
+        t = self._t
+        gaps = g[i:j].tolist()
+        timeout = p.idle_timeout_ns
+        idle0 = t - self._idle_since if self._idle_since is not None else 0
+        m_max = len(gaps)
+        for k, gk in enumerate(gaps):
+            if gk >= timeout:
+                m_max = k
+                break
+        if m_max > 0 and gaps[0] + idle0 >= timeout:
+            m_max = 0
+        if m_max == 0:
+            return 0
+        hz = self._hz
+        c_f, c_b, w_lo, floor = p.kernel_ns_coefs(hz, self._bw_share)
+        fs = f[i : i + m_max].tolist()
+        bs = b[i : i + m_max].tolist()
+        durs: list[int] = []
+        end: list[int] = []
+        acc = t
+        for k in range(m_max):
+            t_c = fs[k] * c_f
+            t_m = bs[k] * c_b
+            hi, lo = (t_c, t_m) if t_c >= t_m else (t_m, t_c)
+            d = hi + lo * w_lo
+            dk = round(d if d >= floor else floor)
+            durs.append(dk)
+            acc += gaps[k] + dk
+            end.append(acc)
+        limit: float = self._next_device_event_ns()
+        if stop_at_ns is not None:
+            limit = min(limit, stop_at_ns)
+        m = bisect.bisect_right(end, limit) if limit < math.inf else m_max
+        notify = False
+        if self._governor == "msm-adreno-tz" and m > 0:
+            last = self._tz_last_call_ns
+            due = -math.inf if last is None else last + p.tz_call_interval_ns
+            k = bisect.bisect_left(end, due, 0, m)
+            if k < m:
+                m, notify = k + 1, True
+        if m == 0:
+            return 0
+        t_end = end[m - 1]
+        busy_sum = sum(durs[:m])
+        gap_sum = t_end - t - busy_sum
+        ipo, ipb = p.instructions_per_op, p.instructions_per_byte
+        works = [fs[k] * ipo + bs[k] * ipb for k in range(m)]
+        bytes_sum = _np_sum(bs[:m])
+        work_sum = _np_sum(works)
+        w_idle = p.power_w(hz, "idle")
+        w_busy = p.power_w(hz, "busy")
+        e_dram = bytes_sum * p.dram_energy_j_per_byte
+        phase = self._phase
+        if self.record_intervals:
+            self._record_span(
+                [x - d - gk for x, d, gk in zip(end[:m], durs, gaps, strict=False)],
+                gaps[:m],
+                durs[:m],
+                bs[:m],
+                hz,
+                phase,
+                w_idle,
+                w_busy,
+            )
+        e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
+        self.energy_j += e
+        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
+        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + gap_sum + busy_sum
+        self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + gap_sum
+        self.busy_ns += busy_sum
+        self.busy_cycles += busy_sum * hz / 1e9
+        self.dram_bytes += bytes_sum
+        self.dram_energy_j += e_dram
+        if self.pmu_noise > 0:
+            for k in range(m):
+                self._instructions += works[k] * max(
+                    0.0, 1.0 + self._rng.gauss(0.0, self.pmu_noise)
+                )
+        else:
+            self._instructions += work_sum
+        self.kernels += m
+        self._t = t_end
         self._idle_since = None
         ends[i : i + m] = end[:m]
         if notify:
@@ -914,6 +1089,42 @@ class SimGpu:
         if self.record_intervals and self.intervals:
             last = self.intervals[-1]
             self.intervals[-1] = (*last[:5], last[5] + e)
+
+    def _record_span(
+        self,
+        starts: list[int],
+        gaps: list[int],
+        durs: list[int],
+        bytes_: list[float],
+        hz: int,
+        phase: str,
+        w_idle: float,
+        w_busy: float,
+    ) -> None:
+        """``_record`` of each kernel's gap (idle) then the kernel (busy), for a span
+        of kernels at one clock: the same intervals, merged the same way, in one loop
+        over Python numbers (a span is hundreds of kernels)."""
+        ivs = self.intervals
+        dram = self.profile.dram_energy_j_per_byte
+        idle_key = (hz, "idle", phase)
+        busy_key = (hz, "busy", phase)
+        last = ivs[-1] if ivs else None
+        for t, g, d, nb in zip(starts, gaps, durs, bytes_, strict=True):
+            if g > 0:
+                e = w_idle * g * 1e-9
+                if last and last[0] + last[1] == t and last[2:5] == idle_key:
+                    last = ivs[-1] = (last[0], last[1] + g, hz, "idle", phase, last[5] + e)
+                else:
+                    last = (t, g, hz, "idle", phase, e)
+                    ivs.append(last)
+            if d > 0:
+                e = w_busy * d * 1e-9 + nb * dram
+                tb = t + g
+                if last and last[0] + last[1] == tb and last[2:5] == busy_key:
+                    last = ivs[-1] = (last[0], last[1] + d, hz, "busy", phase, last[5] + e)
+                else:
+                    last = (tb, d, hz, "busy", phase, e)
+                    ivs.append(last)
 
     def _record(self, t: int, dt: int, hz: int, state: str, phase: str, e: float) -> None:
         if dt <= 0:

@@ -8,6 +8,7 @@ appended. Segment boundaries are documented in docs/architecture.md.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import threading
 from collections import Counter, deque
@@ -57,6 +58,10 @@ class Timeline:
     With ``hold_unsettled`` the window never evicts a segment that accounting has not
     processed yet: segments stay until ``mark_settled(n)`` says the first ``n``
     segments ever derived are accounted for, even past the window's bounds.
+
+    Node records are collected per graph and a graph's segments derived in one pass at
+    its DECODE_END (``_graph_segments``); ``reference=True`` keeps the per-event,
+    per-segment path (``_extend_reference``), which gives the same segments and totals.
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class Timeline:
         *,
         window_ns: int | None = None,
         hold_unsettled: bool = False,
+        reference: bool = False,
     ) -> None:
         if max_events is not None and max_events <= 0:
             raise ValueError(f"max_events must be positive or None, not {max_events}")
@@ -74,6 +80,9 @@ class Timeline:
         self.max_events = max_events
         self.window_ns = window_ns
         self.hold_unsettled = hold_unsettled
+        # the per-event derivation (``_extend_reference``) instead of the per-graph one:
+        # the same segments and totals, slower (kept for the tests)
+        self.reference = reference
         self._events: deque[Event] = deque()
         self._segments: deque[Segment] = deque()
         self.dropped = 0
@@ -95,10 +104,18 @@ class Timeline:
         self._request_end_ns: int | None = None
 
     @classmethod
-    def from_events(cls, events: list[Event]) -> Timeline:
+    def from_events(cls, events: list[Event], *, reference: bool = False) -> Timeline:
         """A timeline holding every one of ``events`` (a recorded trace)."""
-        tl = cls(max_events=None)
-        tl.extend(events)
+        tl = cls(max_events=None, reference=reference)
+        # hundreds of thousands of segments, none in a cycle: the cyclic collector
+        # would rescan the trace again and again while they are built (most of the time)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            tl.extend(events)
+        finally:
+            if was_enabled:
+                gc.enable()
         return tl
 
     # -- producing -------------------------------------------------------------
@@ -108,9 +125,56 @@ class Timeline:
 
     def extend(self, events: Iterable[Event]) -> list[Segment]:
         """Add events in order; returns the segments they completed."""
+        if self.reference:
+            return self._extend_reference(events)
+        evs = events if isinstance(events, (list, tuple)) else list(events)
         out: list[Segment] = []
+        ask_k, done_k = EventKind.NODE_ASK, EventKind.NODE_DONE
         with self._lock:
             store, counts, derive = self._events, self.counts, self._derive
+            store.extend(evs)
+            # node records (nearly every event) are counted here, the rest by value;
+            # a kind's key enters ``counts`` at its first event, as one by one
+            asks = dones = 0
+            g = self._graph
+            nodes = g.nodes if g is not None else None
+            for ev in evs:
+                k = ev.kind
+                if k is ask_k:
+                    if not asks and "node_ask" not in counts:
+                        counts["node_ask"] = 0
+                    asks += 1
+                    if nodes is not None:
+                        nodes.append(ev)
+                    continue
+                if k is done_k:
+                    if not dones and "node_done" not in counts:
+                        counts["node_done"] = 0
+                    dones += 1
+                    if nodes is not None:
+                        nodes.append(ev)
+                    continue
+                counts[k.value] += 1
+                new = derive(ev)  # accounted as derived
+                if new:
+                    out.extend(new)
+                g = self._graph
+                nodes = g.nodes if g is not None else None
+            if asks:
+                counts["node_ask"] += asks
+            if dones:
+                counts["node_done"] += dones
+            self._segments.extend(out)
+            self.total_events += len(evs)
+            self.total_segments += len(out)
+            self._evict()
+        return out
+
+    def _extend_reference(self, events: Iterable[Event]) -> list[Segment]:
+        """``extend`` event by event, each segment accounted as it is derived."""
+        out: list[Segment] = []
+        with self._lock:
+            store, counts = self._events, self.counts
             n = len(store)
             for ev in events:
                 store.append(ev)
@@ -119,7 +183,7 @@ class Timeline:
                     if self._graph is not None:
                         self._graph.nodes.append(ev)
                     continue
-                new = derive(ev)
+                new = self._derive(ev, reference=True)
                 for seg in new:
                     self._account(seg)
                     self._segments.append(seg)
@@ -242,7 +306,9 @@ class Timeline:
             token=self._token,
         )
 
-    def _derive(self, ev: Event) -> list[Segment]:
+    def _derive(self, ev: Event, reference: bool = False) -> list[Segment]:
+        """The segments one non-node event completes, accounted (kernel and stall
+        totals) as they are derived unless ``reference`` (the caller accounts them)."""
         k = ev.kind
         out: list[Segment] = []
         if k is EventKind.REQUEST_BEGIN:
@@ -250,6 +316,8 @@ class Timeline:
                 s = self._stall(StallKind.IDLE, self._request_end_ns, ev.t_ns, "idle")
                 if s:
                     out.append(s)
+                    if not reference:
+                        self._account(s)
             self._request += 1
             self._in_request = True
             self._token = -1
@@ -271,16 +339,107 @@ class Timeline:
                 s = self._stall(StallKind.SAMPLE, self._last_kernel_end_ns, ev.t_ns, phase)
                 if s:
                     out.append(s)
+                    if not reference:
+                        self._account(s)
             self._graph = _Graph(ev.t_ns, phase, self._request, self._token + 1)
         elif k in (EventKind.NODE_ASK, EventKind.NODE_DONE):
             if self._graph is not None:
                 self._graph.nodes.append(ev)
         elif k is EventKind.DECODE_END and self._graph is not None:
-            out.extend(self._graph_segments(self._graph, ev.t_ns))
+            if reference:
+                out.extend(self._graph_segments_reference(self._graph, ev.t_ns))
+            else:
+                out.extend(self._graph_segments(self._graph, ev.t_ns))
             self._graph = None
         return out
 
     def _graph_segments(self, g: _Graph, end_ns: int) -> list[Segment]:
+        """Kernels and stalls of one llama_decode call, accounted (kernel and stall
+        totals): ``_graph_segments_reference`` in one pass, the common run of a single
+        kernel (every node at ``kernel`` granularity) without a call."""
+        ask_k, done_k = EventKind.NODE_ASK, EventKind.NODE_DONE
+        nodes = g.nodes
+        asks = [e for e in nodes if e.kind is ask_k]
+        if not asks:
+            self._last_kernel_end_ns = end_ns
+            return []
+        done_at = {e.node: e.t_ns for e in nodes if e.kind is done_k}
+        out: list[Segment] = []
+        append = out.append
+        phase, g_req, g_tok = g.phase, g.request, g.token
+        s_req, s_tok = self._request, self._token  # stalls carry the current ones
+        inter = StallKind.INTER_KERNEL
+        k_ns = k_n = i_ns = i_n = 0
+        t_first = asks[0].t_ns
+        if t_first > g.begin_ns:
+            self.stall_ns["submit"] += t_first - g.begin_ns
+            self.stall_count["submit"] += 1
+            append(
+                Segment(
+                    "stall", g.begin_ns, t_first - g.begin_ns, phase, StallKind.SUBMIT, s_req, s_tok
+                )
+            )
+        run: list[Event] = []
+        run_start = t_first
+        prev_end: int | None = None
+        get = done_at.get
+        for ask in asks:
+            t = ask.t_ns
+            if not run:
+                run_start = t
+                if prev_end is not None and t > prev_end:
+                    append(Segment("stall", prev_end, t - prev_end, phase, inter, s_req, s_tok))
+                    i_ns += t - prev_end
+                    i_n += 1
+            d = get(ask.node)
+            if d is None:
+                run.append(ask)
+                continue
+            if not run:  # a run of one kernel: timed, the whole span
+                span = d - t if d > t else 0
+                append(
+                    Segment(
+                        "kernel",
+                        t,
+                        span,
+                        phase,
+                        None,
+                        g_req,
+                        g_tok,
+                        ask.graph,
+                        ask.node,
+                        ask.layer,
+                        ask.op,
+                        ask.name,
+                        ask.shape,
+                        True,
+                    )
+                )
+                k_ns += span
+                k_n += 1
+            else:
+                run.append(ask)
+                ks = self._run_kernels(g, run, run_start, d)
+                out.extend(ks)
+                k_ns += sum(x.dur_ns for x in ks)
+                k_n += len(ks)
+                run = []
+            prev_end = d
+        if run:
+            prev_end = end_ns
+            ks = self._run_kernels(g, run, run_start, end_ns)
+            out.extend(ks)
+            k_ns += sum(x.dur_ns for x in ks)
+            k_n += len(ks)
+        self._last_kernel_end_ns = prev_end
+        self.kernel_ns += k_ns
+        self.kernel_count += k_n
+        if i_n:
+            self.stall_ns["inter_kernel"] += i_ns
+            self.stall_count["inter_kernel"] += i_n
+        return out
+
+    def _graph_segments_reference(self, g: _Graph, end_ns: int) -> list[Segment]:
         """Kernels and stalls of one llama_decode call."""
         asks = [e for e in g.nodes if e.kind is EventKind.NODE_ASK]
         if not asks:

@@ -79,31 +79,41 @@ def _load(p: Path) -> tuple[list[Event], dict[str, Any]]:
 def _events(raw: list[dict[str, Any]]) -> list[Event]:
     """``Event.from_json`` over a whole trace, faster: a recording repeats a few hundred
     node shapes over hundreds of thousands of node events, so each distinct shape is
-    built once and shared (``NodeShape`` is frozen)."""
+    built once and shared (``NodeShape`` is frozen). A node's DONE record and the same
+    node of the next graph mostly repeat its last shape: that is one comparison of the
+    raw dicts (equal dicts make equal keys, so the same shared shape)."""
     kinds = {k.value: k for k in EventKind}
     shapes: dict[tuple[Any, ...], NodeShape] = {}
+    last: dict[Any, tuple[dict[str, Any], NodeShape]] = {}  # by node: its last shape
     out: list[Event] = []
     append = out.append
     for d in raw:
         sh = d.get("shape")
         shape = None
         if sh is not None:
-            ne, s0, s1 = sh.get("ne"), sh.get("src0_ne"), sh.get("src1_ne")
-            key = (
-                len(sh),
-                tuple(ne) if ne is not None else None,
-                sh.get("type"),
-                tuple(s0) if s0 is not None else None,
-                sh.get("src0_type"),
-                tuple(s1) if s1 is not None else None,
-                sh.get("src1_type"),
-                sh.get("nbytes"),
-            )
-            shape = shapes.get(key)
-            if shape is None:
-                shape = shapes[key] = Event.from_json(  # type: ignore[assignment]
-                    {"kind": d["kind"], "t_ns": 0, "shape": sh}
-                ).shape
+            node = d.get("node", -1)
+            hit = last.get(node)
+            if hit is not None and hit[0] == sh and type(sh) is dict:
+                shape = hit[1]
+            else:
+                ne, s0, s1 = sh.get("ne"), sh.get("src0_ne"), sh.get("src1_ne")
+                key = (
+                    len(sh),
+                    tuple(ne) if ne is not None else None,
+                    sh.get("type"),
+                    tuple(s0) if s0 is not None else None,
+                    sh.get("src0_type"),
+                    tuple(s1) if s1 is not None else None,
+                    sh.get("src1_type"),
+                    sh.get("nbytes"),
+                )
+                shape = shapes.get(key)
+                if shape is None:
+                    shape = shapes[key] = Event.from_json(  # type: ignore[assignment]
+                        {"kind": d["kind"], "t_ns": 0, "shape": sh}
+                    ).shape
+                if type(sh) is dict:
+                    last[node] = (sh, shape)  # type: ignore[assignment]
         if not d.keys() <= _KNOWN:
             extra = dict(d)  # a key Event does not know: let Event refuse it
             extra["kind"] = kinds[d["kind"]]
