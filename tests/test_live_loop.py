@@ -118,25 +118,14 @@ def test_tmpc_steers_a_fake_mali_devfreq_gpu_while_gemma_decodes(tmp_path, gemma
     why = (len(mins), tokens, Counter(mins), energy["executor"], standin)  # late plans?
     assert len(mins) >= tokens, why
     assert len({m for m in mins if m is not None}) >= 3, why
-    # the range never inverted, seen from the files. The watcher reads both files after
-    # each write; with a switch every few ms on a loaded host it lags, and each view
-    # alone races with later switches: one run read min_freq 546 MHz, then max_freq
-    # 488 MHz after a down switch had landed in between (the event's own snapshot);
-    # another, min_freq 488 MHz read after an up-down-up burst while the last max_freq
-    # read was 433 MHz (each write's own file, in write order). An inversion the
-    # executor wrote stands between its two writes, so a timely read shows it in both
-    # views; test_exec_sysfs checks the write order without a race.
-    pinned = {k: int(before[k]) for k in ("min_freq", "max_freq")}
-    for name, vals in events:
-        if vals[name] is not None:
-            pinned[name] = vals[name]
-        lo, hi = vals["min_freq"], vals["max_freq"]
-        snapshot_inverted = lo is not None and hi is not None and lo > hi
-        assert not (snapshot_inverted and pinned["min_freq"] > pinned["max_freq"]), (
-            name,
-            vals,
-            pinned,
-        )
+    # Whether the range ever inverted is not checked from these files: inotify merges a
+    # write into the one before it when both are the same file's and still unread, so
+    # after an up switch closely followed by a down switch the watcher sees the up's
+    # min_freq write once (its value read before the down's), then the down's max_freq
+    # write: min 650 MHz above max 546 MHz, though the executor wrote min first (a
+    # fresh-clone run failed on exactly this view). Two earlier checks from both views
+    # failed the same way. test_exec_sysfs checks the order of every write (ceiling first
+    # going up, floor first going down) with switches spaced so the watcher keeps up.
     assert _files(node) == before  # governor, min and max given back
 
 
