@@ -22,12 +22,17 @@ def graphs():
     return {g: _records(g, nodes) for g, nodes in out.items()}
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_same_shape_ignores_only_time_graph_and_node(monkeypatch, graphs, native):
-    if not native:
+@pytest.fixture(params=["native", "numpy"])
+def record_lib(request, monkeypatch):
+    """Run the record helpers in C (where built) and in their numpy fallback."""
+    if request.param == "numpy":
         monkeypatch.setattr(hooks, "_NATIVE_LIB", None)
     elif not hooks.NATIVE_AVAILABLE:
         pytest.skip("hook library not built")
+    return request.param
+
+
+def test_same_shape_ignores_only_time_graph_and_node(graphs, record_lib):
     a, b = graphs[1], graphs[2]
     assert hooks.records_same_shape(a, b)
     moved = b.copy()
@@ -97,12 +102,7 @@ def test_mixed_ring_selects_the_graphs_asks_and_completions(graphs):
     assert (other.done_ns == -1).all()
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_scan_flags_own_asks_and_shape(monkeypatch, graphs, native):
-    if not native:
-        monkeypatch.setattr(hooks, "_NATIVE_LIB", None)
-    elif not hooks.NATIVE_AVAILABLE:
-        pytest.skip("hook library not built")
+def test_scan_flags_own_asks_and_shape(graphs, record_lib):
     a, b = graphs[1], graphs[2]
     own, same, t_ns = hooks.records_scan(b, 2, a)
     assert (own, same) == (True, True)

@@ -241,13 +241,12 @@ def test_power_and_metrics_take_no_worker_lock(served):
     assert "turboinfer_stall_seconds" in str(answers["/metrics"][1])
 
 
-def test_power_and_metrics_never_use_the_thread_pool(served, monkeypatch):
-    """Both answer inline on the event loop, API-key check included: no thread-pool
-    hop (each is a GIL hand-off that waits behind the engine and the streams)."""
+def _thread_hops(monkeypatch) -> list[str]:
+    """Names of the functions run in the thread pool from now on (anyio's
+    ``to_thread.run_sync``, which starlette's ``run_in_threadpool`` and FastAPI's sync
+    dependencies go through)."""
     import anyio.to_thread
 
-    client, _ = served
-    assert client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", **GREEDY})
     hops: list[str] = []
     real = anyio.to_thread.run_sync
 
@@ -256,6 +255,15 @@ def test_power_and_metrics_never_use_the_thread_pool(served, monkeypatch):
         return await real(fn, *args, **kwargs)
 
     monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    return hops
+
+
+def test_power_and_metrics_never_use_the_thread_pool(served, monkeypatch):
+    """Both answer inline on the event loop, API-key check included: no thread-pool
+    hop (each is a GIL hand-off that waits behind the engine and the streams)."""
+    client, _ = served
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", **GREEDY})
+    hops = _thread_hops(monkeypatch)
     for path in ("/v1/power", "/metrics", "/v1/power"):
         assert client.get(path).status_code == 200
     assert hops == []
@@ -293,8 +301,6 @@ def test_a_real_device_is_read_off_the_event_loop(served, monkeypatch):
     block: both endpoints then go to the thread pool, never onto the event loop."""
     import types
 
-    import anyio.to_thread
-
     from turboinfer_llama.live import RealDeviceControl
     from turboinfer_llama.server import app as app_module
 
@@ -306,14 +312,7 @@ def test_a_real_device_is_read_off_the_event_loop(served, monkeypatch):
         mp.setattr(app_module.adapter, "loaded_model", lambda: ("m", fake_llm))
         assert app_module._reads_hardware()
 
-    hops: list[str] = []
-    real = anyio.to_thread.run_sync
-
-    async def counting(fn, *args, **kwargs):
-        hops.append(getattr(fn, "__name__", repr(fn)))
-        return await real(fn, *args, **kwargs)
-
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    hops = _thread_hops(monkeypatch)
     monkeypatch.setattr(app_module, "_reads_hardware", lambda: True)
     for path in ("/v1/power", "/metrics"):
         assert client.get(path).status_code == 200

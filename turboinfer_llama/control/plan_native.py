@@ -48,26 +48,21 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
         # PyDLL keeps the GIL over the call: these calls take ~10-30 us, and handing
         # the GIL over and back would cost the planner a wait for the engine thread
         lib = ctypes.PyDLL(str(path))
-        vp, sz, dbl = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_double
-        lib.ti_plan_nodes_size.restype = sz
-        lib.ti_plan_nodes_size.argtypes = []
-        lib.ti_plan_observe.restype = ctypes.c_int
-        lib.ti_plan_observe.argtypes = [
-            ctypes.POINTER(_Nodes), vp, vp, vp, vp, sz, vp, dbl, vp, sz, vp, vp, sz,
-            vp, vp, vp,
-        ]  # fmt: skip
-        lib.ti_plan_tabulate.restype = ctypes.c_int
-        lib.ti_plan_tabulate.argtypes = [
-            ctypes.POINTER(_Nodes), vp, vp, vp, vp, vp, sz, dbl, dbl, vp, sz, vp, vp, vp,
-            vp, vp,
-        ]  # fmt: skip
-        i64p = vp
-        lib.ti_plan_horizon.restype = ctypes.c_int
-        lib.ti_plan_horizon.argtypes = [vp, vp, sz, sz, vp, dbl, dbl, i64p, vp]
-        lib.ti_plan_block_levels.restype = ctypes.c_int
-        lib.ti_plan_block_levels.argtypes = [vp, vp, sz, sz, vp, sz, dbl, i64p, vp]
-        lib.ti_plan_rls.restype = ctypes.c_int
-        lib.ti_plan_rls.argtypes = [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]
+        vp, sz, dbl, rc = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_double, ctypes.c_int
+        nodes = ctypes.POINTER(_Nodes)
+        for name, restype, argtypes in [
+            ("ti_plan_nodes_size", sz, []),
+            ("ti_plan_observe", rc,
+             [nodes, vp, vp, vp, vp, sz, vp, dbl, vp, sz, vp, vp, sz, vp, vp, vp]),
+            ("ti_plan_tabulate", rc,
+             [nodes, vp, vp, vp, vp, vp, sz, dbl, dbl, vp, sz, vp, vp, vp, vp, vp]),
+            ("ti_plan_horizon", rc, [vp, vp, sz, sz, vp, dbl, dbl, vp, vp]),
+            ("ti_plan_block_levels", rc, [vp, vp, sz, sz, vp, sz, dbl, vp, vp]),
+            ("ti_plan_rls", rc, [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]),
+        ]:  # fmt: skip
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
     except (OSError, AttributeError) as e:
         return None, f"cannot load the planner's passes from {path}: {e}"
     if lib.ti_plan_nodes_size() != ctypes.sizeof(_Nodes):

@@ -769,15 +769,7 @@ class SimGpu:
                 w_idle,
                 w_busy,
             )
-        e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
-        self.energy_j += e
-        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
-        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + gap_sum + busy_sum
-        self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + gap_sum
-        self.busy_ns += busy_sum
-        self.busy_cycles += busy_sum * hz / 1e9
-        self.dram_bytes += bytes_sum
-        self.dram_energy_j += e_dram
+        self._book_span(phase, kind, hz, w_idle, w_busy, gap_sum, busy_sum, bytes_sum, e_dram)
         work = fb * p.instructions_per_op + bb * p.instructions_per_byte
         if self.pmu_noise > 0:
             for k in range(m):
@@ -874,15 +866,7 @@ class SimGpu:
                 w_idle,
                 w_busy,
             )
-        e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
-        self.energy_j += e
-        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
-        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + gap_sum + busy_sum
-        self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + gap_sum
-        self.busy_ns += busy_sum
-        self.busy_cycles += busy_sum * hz / 1e9
-        self.dram_bytes += bytes_sum
-        self.dram_energy_j += e_dram
+        self._book_span(phase, kind, hz, w_idle, w_busy, gap_sum, busy_sum, bytes_sum, e_dram)
         if self.pmu_noise > 0:
             for k in range(m):
                 self._instructions += works[k] * max(
@@ -897,6 +881,29 @@ class SimGpu:
         if notify:
             self._tz_notify()
         return m
+
+    def _book_span(
+        self,
+        phase: str,
+        kind: str,
+        hz: float,
+        w_idle: float,
+        w_busy: float,
+        gap_sum: int,
+        busy_sum: int,
+        bytes_sum: float,
+        e_dram: float,
+    ) -> None:
+        """A batch span's totals into the device's counters (both batch paths)."""
+        e = (w_idle * gap_sum + w_busy * busy_sum) * 1e-9 + e_dram
+        self.energy_j += e
+        self.energy_by_phase_j[phase] = self.energy_by_phase_j.get(phase, 0.0) + e
+        self.time_by_phase_ns[phase] = self.time_by_phase_ns.get(phase, 0) + gap_sum + busy_sum
+        self.gap_ns_by_kind[kind] = self.gap_ns_by_kind.get(kind, 0) + gap_sum
+        self.busy_ns += busy_sum
+        self.busy_cycles += busy_sum * hz / 1e9
+        self.dram_bytes += bytes_sum
+        self.dram_energy_j += e_dram
 
     # ---- extras for controllers, meters and tests --------------------------------
 
