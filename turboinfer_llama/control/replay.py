@@ -160,6 +160,9 @@ class _Runner:
         self._live_cutoff: Mapping[int, int] = {}
         # graph -> sorted (deadline - DECODE_BEGIN, how late the live timer fired)
         self._live_late: dict[int, list[tuple[int, int]]] = {}
+        # graph -> its end-of-graph switch's offset from DECODE_BEGIN, live
+        self._live_end: dict[int, int] = {}
+        self._end_due: int | None = None  # a graph end the live engine called late
 
     def _actuate(self, level: int) -> int:
         """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
@@ -243,7 +246,35 @@ class _Runner:
             l0 = begin_ns.get(a.graph)
             if a.source == "timer" and a.due_ns >= 0 and l0 is not None:
                 late.setdefault(a.graph, []).append((a.due_ns - l0, max(0, a.t_ns - a.due_ns)))
+            elif a.source == "end" and l0 is not None:
+                self._live_end[a.graph] = a.t_ns - l0
         self._live_late = {g: sorted(v) for g, v in late.items()}
+
+    def graph_end(self, graph: int, now: int) -> None:
+        """The engine's end of graph (``llama_decode`` returned): the executor's
+        end-of-graph switch now, or, replaying a live run, as late as the live engine
+        thread made it (it runs Python between the decode's return and the native
+        call, and on a busy host it may wait there for the GIL or a core: the live log
+        has that switch's time). Until then the graph is still running for the
+        executor, as it was live."""
+        off = self._live_end.get(graph)
+        v0 = self.graph_begin_ns.get(graph)
+        due = v0 + off if off is not None and v0 is not None else now
+        if due <= now:
+            self.ex.graph_end(now)
+        else:
+            self._end_due = due
+
+    def _fire_end(self, now: int) -> None:
+        """The late graph end, once due (or before the next graph begins)."""
+        due = self._end_due
+        if due is not None and due <= now:
+            self._end_due = None
+            self.ex.graph_end(due)
+
+    def graph_begin(self, graph: int, now: int) -> None:
+        self._fire_end(self._end_due if self._end_due is not None else now)
+        self.ex.graph_begin(graph, now)
 
     def _timer_wake(self) -> int | None:
         """When the executor's timer thread wakes for its next deadline: at the
@@ -347,6 +378,8 @@ class _Runner:
 
     def next_due(self) -> int | None:
         heads = [q[0][0] for q in (self.event_q, self.plan_q, self.set_q) if q]
+        if self._end_due is not None:
+            heads.append(self._end_due)
         if self.graph_q and self.graph_q[0][2].graph not in self._held:
             heads.append(self.graph_q[0][0])
         ex = self._timer_wake()
@@ -359,7 +392,10 @@ class _Runner:
         self.deliver_graphs()
         wake = self._timer_wake()
         if wake is not None and wake <= now:  # the timer thread, awake: fires what is due
+            if self._end_due is not None and self._end_due < wake:
+                self._fire_end(now)
             self.ex.advance(now)
+        self._fire_end(now)
         while True:
             heads = [q for q in (self.event_q, self.plan_q) if q and q[0][0] <= now]
             if not heads:
@@ -588,7 +624,7 @@ def replay(
             return
         in_graph = False
         now = device.now_ns()
-        r.ex.graph_end(now)
+        r.graph_end(graph, now)
         r.emit(EventKind.DECODE_END, graph=graph)
         if prefill_open:
             r.emit(EventKind.PREFILL_END, graph=graph)
@@ -626,7 +662,7 @@ def replay(
         if seg.phase == "prefill":
             prefill_open = True
             r.emit(EventKind.PREFILL_BEGIN, graph=graph, n_tokens=n_tokens)
-        r.ex.graph_begin(graph, device.now_ns())
+        r.graph_begin(graph, device.now_ns())
         t_begin = device.now_ns()
         r.graph_begin_ns[graph] = t_begin
         r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
