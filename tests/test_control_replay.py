@@ -1,5 +1,7 @@
 """Replay: deterministic for a fixed seed, and causal for every controller but the oracle."""
 
+import dataclasses
+
 import pytest
 
 from turboinfer_llama.control.factory import for_device, make_controller
@@ -166,3 +168,37 @@ def test_replay_runs_segments_through_the_simulator():
     assert gpu.kernels == 2  # the VIEW launched nothing
     assert gpu.gap_ns_by_kind == {"submit": 50_000, "inter_kernel": 17_000, "sample": 2 * MS}
     assert round(res.duration_s * 1e9) == 50_000 + 10_000 + 2 * kernel_ns + 7_000 + 2 * MS
+
+
+def test_a_live_runs_late_graph_ends_are_late_in_its_replay():
+    """Replaying a live run, each end-of-graph switch lands as late after the decode's
+    return as the live engine thread made it (it may wait for the GIL or a core between
+    the two on a busy host): here a live log whose end switches came 0.3 ms late."""
+    segs = make_trace(
+        requests=2, decode_tokens=12, prompt_tokens=8, idle_ms=60.0, seed=3, kernel_timing=False
+    )
+
+    def run(**kw):
+        dev = SimGpu("adreno650", start_ns=segs[0].t_ns)
+        ctl = make_controller("tmpc", **for_device(dev))
+        return replay(segs, ctl, dev, timing="recorded", granularity="graph", counters=False, **kw)
+
+    def end_offsets(res):
+        return {
+            a.graph: a.t_ns - res.graph_begin_ns[a.graph] for a in res.applied if a.source == "end"
+        }
+
+    first = run()
+    on_time = end_offsets(first)
+    assert len(on_time) >= 10  # tmpc drops the clock at most graph ends
+    late_ns = 300_000
+    live = [
+        dataclasses.replace(a, t_ns=a.t_ns + late_ns) if a.source == "end" else a
+        for a in first.applied
+    ]
+    again = run(live_applied=live, live_begin_ns=first.graph_begin_ns)
+    assert again.graph_begin_ns == first.graph_begin_ns
+    assert end_offsets(again) == {g: off + late_ns for g, off in on_time.items()}
+    # an on-time live log changes nothing
+    same = run(live_applied=list(first.applied), live_begin_ns=first.graph_begin_ns)
+    assert end_offsets(same) == on_time
