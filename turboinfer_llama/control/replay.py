@@ -54,7 +54,7 @@ from ..engine.segments import Segment
 from .base import Controller, Decision
 from .executor_model import ExecutorModel
 from .graph_batch import GraphBatch, NodeCosts
-from .plan import Applied, Plan
+from .plan import HOLD_FOR_ENGINE, Applied, Plan, after
 
 GRANULARITIES = ("auto", "kernel", "layer", "graph")
 TIMINGS = ("sim", "recorded")
@@ -163,6 +163,10 @@ class _Runner:
         # graph -> its end-of-graph switch's offset from DECODE_BEGIN, live
         self._live_end: dict[int, int] = {}
         self._end_due: int | None = None  # a graph end the live engine called late
+        # graphs held for the planner until the engine enters its next one-token
+        # decode (``hold``): (batch, plan delay from then, the request's last graph)
+        self.hold = False
+        self._stash: list[tuple[GraphBatch, int, bool]] = []
 
     def _actuate(self, level: int) -> int:
         """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
@@ -216,12 +220,40 @@ class _Runner:
         ``last``: the request's last graph."""
         if self.on_graph is None:
             return
+        if self.hold and input_ns is None:
+            self._stash.append((batch, delay_ns, last))
+            return
         self._seq += 1
         now = self.dev.now_ns()
         given = min(input_ns, delay_ns) if input_ns is not None else delay_ns
         if last and self._planned_live is not None and batch.graph not in self._planned_live:
             self._held.add(batch.graph)
         bisect.insort(self.graph_q, (now + given, self._seq, batch, now + delay_ns))
+
+    def entering_decode(self, n_tokens: int) -> None:
+        """The engine enters ``llama_decode`` (after DECODE_BEGIN): a one-token decode
+        wakes the planner for the held graphs, each planned ``delay`` from now, as
+        live (``Governor.entering_decode``; a prompt batch computes on every core and
+        wakes nothing)."""
+        if n_tokens > 1 or not self._stash:
+            return
+        held, self._stash = self._stash, []
+        self.hold = False
+        try:
+            for batch, delay_ns, last in held:
+                self.graph_done(batch, delay_ns, last=last)
+        finally:
+            self.hold = True
+
+    def wait_idle(self) -> None:
+        """The end of the run: the held graphs are planned now (live, reading the
+        figures waits for the planner: ``Governor.wait_idle``)."""
+        held, self._stash = self._stash, []
+        hold, self.hold = self.hold, False
+        for batch, _, last in held:
+            self.graph_done(batch, 0, last=last)
+        self.hold = hold
+        self.deliver_graphs()
 
     def request_ended(self, ended: bool) -> None:
         """Around REQUEST_END: before it (``ended`` False), hand the controller the
@@ -350,6 +382,7 @@ class _Runner:
         plan = self.on_graph(batch) if self.on_graph is not None else None
         self.graph_times_ns.append(time.perf_counter_ns() - t0)
         if plan is not None:
+            plan = after(plan, batch.graph, batch.t_first_ns)  # as the Governor
             self.plans += 1
             if set_due > now:
                 self._seq += 1
@@ -521,6 +554,7 @@ def replay(
     graph_inputs_ns: Mapping[int, int] | None = None,
     plans_dropped: Collection[int] | None = None,
     reference: bool = False,
+    hold: bool | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -531,9 +565,12 @@ def replay(
     callback sees node boundaries, as live. ``timing``: ``sim`` re-times kernels on
     the simulator at the clock in effect; ``recorded`` keeps every recorded duration
     (pass-through, for comparing a replay with the live run it was recorded from).
-    ``plan_delay_ns``: how long after a graph ends its records reach the controller
-    (live: the worker's wake-up, ingest and solve); a plan later than the next graph's
-    first kernel is late, as live. ``plan_delays_ns``: per graph id, the delay a live
+    ``plan_delay_ns``: how long the planner takes from its wake-up to the plan (its
+    ingest and solve). ``hold`` (default ``plan.HOLD_FOR_ENGINE``, as live): a graph's
+    records wake the planner when the engine enters its next one-token decode, not at
+    the graph's end, and each plan goes to the graph after the last one that has
+    started computing when it is set (``plan.retarget``); False: at the graph's end,
+    and a plan later than the next graph's first kernel is late. ``plan_delays_ns``: per graph id, the delay a live
     run measured (``PowerSession.record`` saves them), used instead where known.
     ``counters``: hand the controller the device's counters after each graph; False
     when the live run it is compared with had none (the simulated device's live loop
@@ -593,6 +630,9 @@ def replay(
         r._planned_live = set(plan_delays_ns) | set(plans_dropped or ())
     if plans_dropped is not None:
         r._dropped_live = set(plans_dropped)
+    # the planner's timing, as live: graphs held until the next one-token decode
+    # (``plan.HOLD_FOR_ENGINE``), unless the live run's measured delays are given
+    r.hold = (HOLD_FOR_ENGINE if hold is None else hold) and plan_delays_ns is None
     # the per-graph path: simulator timing on a simulator, no per-node events (offline
     # controllers), no live log to follow; ``reference`` keeps the per-kernel path
     per_graph = (
@@ -666,6 +706,7 @@ def replay(
         t_begin = device.now_ns()
         r.graph_begin_ns[graph] = t_begin
         r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
+        r.entering_decode(n_tokens)
 
     def ask(nd: Segment) -> None:
         nonlocal ordinal
@@ -912,6 +953,7 @@ def replay(
             done()
     end_request()
     r.deliver_graphs()
+    r.wait_idle()
     res = _result(controller, device, r, gran, t_start, e_start, sw_start)
     res.time_by_phase_ns.update(
         {ph: ns - phase_start.get(ph, 0) for ph, ns in device.time_by_phase_ns.items()}

@@ -67,6 +67,8 @@ class _Plan(ctypes.Structure):
         ("n_nodes", ctypes.c_uint32),
         ("n_switches", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
+        ("after_graph", ctypes.c_uint64),
+        ("after_t0_ns", ctypes.c_int64),
         ("switches", _Switch * PLAN_MAX),
     ]
 
@@ -272,6 +274,8 @@ def plan_struct(plan: Plan) -> _Plan:
         fallback_level=plan.fallback_level,
         n_nodes=plan.n_nodes,
         n_switches=len(plan.switches),
+        after_graph=plan.after_graph,
+        after_t0_ns=plan.after_t0_ns,
     )
     for i, sw in enumerate(plan.switches):
         p.switches[i] = _Switch(
