@@ -570,8 +570,9 @@ def replay(
     records wake the planner when the engine enters its next one-token decode, not at
     the graph's end, and each plan goes to the graph after the last one that has
     started computing when it is set (``plan.retarget``); False: at the graph's end,
-    and a plan later than the next graph's first kernel is late. ``plan_delays_ns``: per graph id, the delay a live
-    run measured (``PowerSession.record`` saves them), used instead where known.
+    and a plan later than the next graph's first kernel is late.
+    ``plan_delays_ns``: per graph id, the delay a live run measured from the graph's
+    end (``PowerSession.record`` saves them), used instead where known.
     ``counters``: hand the controller the device's counters after each graph; False
     when the live run it is compared with had none (the simulated device's live loop
     runs on engine timing alone).
