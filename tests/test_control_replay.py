@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from turboinfer_llama.accounting import phone_segments
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
@@ -202,3 +203,41 @@ def test_a_live_runs_late_graph_ends_are_late_in_its_replay():
     # an on-time live log changes nothing
     same = run(live_applied=list(first.applied), live_begin_ns=first.graph_begin_ns)
     assert end_offsets(same) == on_time
+
+
+def test_held_graphs_reach_the_planner_in_the_next_decode_and_their_plans_in_time():
+    """As live (``plan.HOLD_FOR_ENGINE``): a graph's records reach the controller once
+    the engine has entered its next one-token decode (never in the Python between
+    decodes), and each plan goes to the graph after the last one that started
+    computing, so no decode graph after a request's first starts without one."""
+    segs = phone_segments(
+        make_trace(requests=2, decode_tokens=10, prompt_tokens=8, idle_ms=60.0, seed=3),
+        SimGpu("adreno650").profile,
+    )
+    got = {}
+    for hold in (True, False):
+        dev = SimGpu("adreno650")
+        ctl = make_controller("tmpc", **for_device(dev))
+        seen: list[tuple[int, int]] = []
+        inner = ctl.on_graph
+
+        def on_graph(batch, inner=inner, seen=seen, dev=dev):
+            seen.append((batch.graph, dev.now_ns()))
+            return inner(batch)
+
+        ctl.on_graph = on_graph
+        res = replay(segs, ctl, dev, granularity="graph", hold=hold)
+        got[hold] = (res, seen)
+    res, seen = got[True]
+    begins = res.graph_begin_ns
+    one_token = sorted(g for g in begins if g + 1 in begins)
+    for g, t in seen[:-1]:  # the trace's last graph: planned at the end of the run
+        nxt = min((h for h in begins if h > g), default=None)
+        if nxt is not None:
+            assert t > begins[nxt], (g, t, begins[nxt])  # in the next decode
+    assert len(seen) == len(begins) and one_token
+    assert res.late_plans <= 2 * 2  # each request's first graphs only
+    # the same controller, planning at each graph's end instead, gets them earlier
+    _, eager_seen = got[False]
+    assert [g for g, _ in eager_seen][:5] == [g for g, _ in seen][:5]
+    assert all(te < th for (_, te), (_, th) in zip(eager_seen[:5], seen[:5], strict=True))
