@@ -77,7 +77,9 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
  * idle_w per level; edges: n_blocks + 1 node ordinals (0 = edges[0] < ... =
  * edges[n_blocks] = n). Each node's kernel time at level l is
  * max(max(a, b) + th_x min(a, b), th_o launch 1 us) with a = c th_c ratio[l],
- * b = m (th_m + th_d coupling[l]), times time_scale; host_ns is shared out by launches.
+ * b = m (th_m + th_d coupling[l]), times time_scale; host_ns (the graph's host time) is
+ * placed at the nodes host_node gives (n values summing to host_ns: the measured gap
+ * before each node), or shared out by launches where host_node is NULL.
  *
  * Out (row-major): kernel_ns[n][n_levels]; graph_ns[n_levels], energy[n_levels]
  * (W x ns); block_ns[n_blocks][n_levels], block_energy[n_blocks][n_levels].
@@ -85,8 +87,8 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
 TI_API int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			    const double *ratio, const double *coupling, const double *busy_w,
 			    const double *idle_w, size_t n_levels, double time_scale,
-			    double host_ns, const int64_t *edges, size_t n_blocks,
-			    double *kernel_ns, double *graph_ns, double *energy,
+			    double host_ns, const double *host_node, const int64_t *edges,
+			    size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
 			    double *block_ns, double *block_energy);
 
 /*

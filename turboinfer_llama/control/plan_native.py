@@ -55,7 +55,7 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
             ("ti_plan_observe", rc,
              [nodes, vp, vp, vp, vp, sz, vp, dbl, vp, sz, vp, vp, sz, vp, vp, vp]),
             ("ti_plan_tabulate", rc,
-             [nodes, vp, vp, vp, vp, vp, sz, dbl, dbl, vp, sz, vp, vp, vp, vp, vp]),
+             [nodes, vp, vp, vp, vp, vp, sz, dbl, dbl, vp, vp, sz, vp, vp, vp, vp, vp]),
             ("ti_plan_horizon", rc, [vp, vp, sz, sz, vp, dbl, dbl, vp, vp]),
             ("ti_plan_block_levels", rc, [vp, vp, sz, sz, vp, sz, dbl, vp, vp]),
             ("ti_plan_rls", rc, [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]),
@@ -312,12 +312,15 @@ def tabulate(
     time_scale: float,
     host_ns: float,
     edges: np.ndarray,
+    host_node: np.ndarray | None = None,
     *,
     native: bool | None = None,
 ) -> Tables:
     """Kernel time per node and level times ``time_scale``; the graph's host time
-    (level-independent) shared out by launches; whole-graph and per-block (between
-    ``edges``) time and energy per level."""
+    ``host_ns`` (level-independent) at the nodes ``host_node`` places it (per node,
+    summing to ``host_ns``: the measured gap before each node), else shared out by
+    launches; whole-graph and per-block (between ``edges``) time and energy per
+    level."""
     n, n_lv = len(c_ns), len(ratio)
     use_c = (
         (NATIVE if native is None else native)
@@ -334,9 +337,13 @@ def tabulate(
         kernel_ns = np.empty((n, n_lv))
         graph_ns, energy = np.empty(n_lv), np.empty(n_lv)
         block_ns, block_energy = np.empty((nb, n_lv)), np.empty((nb, n_lv))
+        hn = None if host_node is None else _f64(host_node)
+        if hn is not None and len(hn) != n:
+            raise ValueError("ti_plan_tabulate: host_node needs one value per node")
         rc = _LIB.ti_plan_tabulate(
             ctypes.byref(nodes), _ptr(th), _ptr_kept(ra), _ptr_kept(co), _ptr_kept(bw),
-            _ptr_kept(iw), n_lv, float(time_scale), float(host_ns), _ptr_kept(ed), nb,
+            _ptr_kept(iw), n_lv, float(time_scale), float(host_ns),
+            None if hn is None else _ptr(hn), _ptr_kept(ed), nb,
             _ptr(kernel_ns), _ptr(graph_ns),
             _ptr(energy), _ptr(block_ns), _ptr(block_energy),
         )  # fmt: skip
@@ -345,10 +352,13 @@ def tabulate(
             raise ValueError(f"ti_plan_tabulate rejected its arguments ({rc})")
         return Tables(kernel_ns, graph_ns, energy, block_ns, block_energy)
     k = kernel_times_numpy(c_ns, m_ns, launch, theta, ratio, coupling)[0] * time_scale
-    per_launch = host_ns / max(float(launch.sum()), 1.0)
     graph_kernel_ns = k.sum(axis=0)
     ck = np.add.reduceat(k, edges[:-1], axis=0)
-    ch = (np.add.reduceat(launch, edges[:-1]) * per_launch)[:, None]
+    if host_node is None:
+        per_launch = host_ns / max(float(launch.sum()), 1.0)
+        ch = (np.add.reduceat(launch, edges[:-1]) * per_launch)[:, None]
+    else:
+        ch = np.add.reduceat(np.asarray(host_node, dtype=np.float64), edges[:-1])[:, None]
     return Tables(
         k,
         graph_kernel_ns + host_ns,

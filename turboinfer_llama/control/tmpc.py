@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,7 +85,13 @@ from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
 from .reference import ShadowParams
-from .tmpc_solver import PhaseTemplate, block_levels, level_combinations, solve_horizon
+from .tmpc_solver import (
+    PhaseTemplate,
+    block_levels,
+    dwell_merge,
+    level_combinations,
+    solve_horizon,
+)
 
 _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # every this many graphs of a phase, one runs wholly at the top level: its measured
@@ -95,6 +102,18 @@ PROBES_KEPT = 3  # the reference is the median of this many recent probes
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
 # a plan teaches the gain when it planned at least this slowdown (share of the top)
 GAIN_MIN_PLANNED = 0.005
+# a level counts as run (its time measured, see TubeMPC._cautious) once a graph spent
+# this share of its kernel time there
+SEEN_SHARE = 0.1
+
+
+class CautiousTables(NamedTuple):
+    """A template's tables with the levels not run yet at their worst case."""
+
+    graph_ns: np.ndarray
+    energy_j: np.ndarray
+    block_ns: np.ndarray
+    block_energy_j: np.ndarray
 
 
 class TubeMPC:
@@ -153,6 +172,13 @@ class TubeMPC:
         # per phase: the lowest level a graph has spent a good share of its time at;
         # plans go at most one level below it (a level's time is known once run)
         self._lowest_seen: dict[str, int] = {}
+        # worst slowdown of a level the phase has not run at: the clock ratio, or the
+        # published DRAM slowdown where larger (see _cautious)
+        worst = self.levels_hz[-1] / self.levels_hz
+        if self.power.mem_slowdown is not None:
+            worst = np.maximum(worst, np.asarray(self.power.mem_slowdown, dtype=np.float64))
+        self._worst_ratio = worst
+        self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
         # (c_ns, m_ns, launch, cumulative cost share) of the last graph shape
@@ -317,6 +343,26 @@ class TubeMPC:
         starts[1:] = ends[:-1]
         return starts, ends
 
+    @staticmethod
+    def _host_gaps(b: GraphBatch, host_ns: float) -> np.ndarray | None:
+        """Where the graph's host time sits: the measured gap before each node (from the
+        previous node's completion to its ask) scaled to ``host_ns``, where the callback
+        saw every completion (``layer``/``kernel``); None otherwise (shared out by
+        launches). A backend that records and submits nodes in batches leaves the GPU
+        idle at the batch boundaries: a plan that knows where can drop the clock there
+        and need not mistake the gap for a slow block."""
+        if b.n < 2 or host_ns <= 0 or not (b.done_ns >= 0).all():
+            return None
+        gaps = np.empty(b.n)
+        gaps[0] = 0.0
+        np.subtract(b.ask_ns[1:], b.done_ns[:-1], out=gaps[1:])
+        np.maximum(gaps, 0.0, out=gaps)
+        total = float(gaps.sum())
+        if total <= 0:
+            return None
+        gaps *= host_ns / total
+        return gaps
+
     def _weight_share(self, b: GraphBatch) -> np.ndarray:
         """Cumulative share of the graph's cost weight at each node's end, kept while
         the graph's shape repeats (live, the ingest's per-shape cache hands out the
@@ -385,7 +431,9 @@ class TubeMPC:
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
             _, ratio, coupling = pm.level_terms(self.levels_hz)
-            g.tabulate(pm.theta_now(), ratio, coupling, host, self.power, ts)
+            g.tabulate(
+                pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host)
+            )
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
@@ -449,32 +497,51 @@ class TubeMPC:
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
 
     def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
-        """Remember the lowest level this graph spent at least a quarter of its time at
-        (``level_ns``: its time per level)."""
+        """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
+        kernel time at (``level_ns``: its time per level)."""
         total = float(level_ns.sum())
         if total <= 0:
             return
-        seen = np.nonzero(level_ns >= 0.25 * total)[0]
+        seen = np.nonzero(level_ns >= SEEN_SHARE * total)[0]
         if len(seen):
             self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), int(seen[0]))
 
-    def _lowest_allowed(self, phase: str, tpl: PhaseTemplate) -> int:
-        """Safe exploration: a plan goes at most one level below the lowest level the
-        phase has been measured at, so a level's real time (GPU-DDR coupling, floors,
-        anything the model has not seen) is met one step at a time, never as a jump;
-        and only when the slack already earned covers the step's worst case (the whole
-        graph slowing by the two clocks' ratio, whatever the model predicts)."""
+    def _cautious(self, phase: str, tpl: PhaseTemplate) -> CautiousTables:
+        """The template's tables with the levels the phase has not run at yet (below
+        the lowest seen) at their worst case: each block's kernel time at the top
+        level slowed by the whole clock ratio (or the published DRAM slowdown, where
+        larger), never less than the model predicts. Safe exploration: a level's real
+        time (GPU-DDR coupling, floors, anything the model has not seen) may be worse
+        than the model says, so until the phase has run there the plans may only spend
+        on it what they could afford were it as slow as clock scaling makes it; once
+        run, the model (and the tube, the gain) take over. Blocks that are mostly host
+        time (a batch's recording gap) cost little even at the worst case, so the low
+        levels are met there first."""
         seen = self._lowest_seen.get(phase, self.top)
-        if seen == 0:
-            return 0
-        debt, ref_elapsed = self._acc[phase]
-        banked = self.slack * ref_elapsed - debt
-        # the step's worst case: twice the model's predicted slowdown, and never under
-        # a quarter of what pure clock scaling of the whole graph would cost
-        step = float(tpl.graph_ns[seen - 1] - tpl.graph_ns[seen])
-        ratio = self.levels_hz[seen] / self.levels_hz[seen - 1] - 1.0
-        worst = max(2.0 * step, 0.25 * float(tpl.graph_ns[seen]) * ratio)
-        return seen - 1 if banked >= worst else seen
+        key = (id(tpl), seen)
+        got = self._cautious_cache
+        if got is not None and got[0] == key and got[1] is tpl:
+            return got[2]
+        block_ns, block_e = tpl.block_ns, tpl.block_energy_j
+        graph_ns, energy = tpl.graph_ns, tpl.energy_j
+        if seen > 0:
+            host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])
+            kern_top = np.maximum(block_ns[:, self.top] - host_b, 0.0)
+            worst = self._worst_ratio[:seen]
+            kern = np.maximum(block_ns[:, :seen] - host_b[:, None], kern_top[:, None] * worst)
+            block_ns = block_ns.copy()
+            block_e = block_e.copy()
+            block_ns[:, :seen] = kern + host_b[:, None]
+            block_e[:, :seen] = kern * self.power.busy_w[:seen] + host_b[:, None] * (
+                self.power.idle_w[:seen]
+            )
+            graph_ns = graph_ns.copy()
+            energy = energy.copy()
+            graph_ns[:seen] = block_ns[:, :seen].sum(axis=0)
+            energy[:seen] = block_e[:, :seen].sum(axis=0)
+        out = CautiousTables(graph_ns, energy, block_ns, block_e)
+        self._cautious_cache = (key, tpl, out)
+        return out
 
     def probe_due(self, phase: str) -> bool:
         """A graph of ``phase`` is due to run wholly at the top level (the latency
@@ -501,9 +568,9 @@ class TubeMPC:
         if tpl is None:
             return self.top
         r = self.rel_err.estimate().upper_ns
-        ok = tpl.graph_ns * (1.0 + r) <= tpl.graph_ns[self.top] * (1.0 + self.slack)
-        ok[: self._lowest_allowed("prefill", tpl)] = False
-        cand = np.where(ok, tpl.energy_j, np.inf)
+        ct = self._cautious("prefill", tpl)
+        ok = ct.graph_ns * (1.0 + r) <= ct.graph_ns[self.top] * (1.0 + self.slack)
+        cand = np.where(ok, ct.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
 
     def _checkpoints(self, tpl: PhaseTemplate, ends: np.ndarray) -> list[Switch]:
@@ -520,6 +587,11 @@ class TubeMPC:
         for i in last[:96]:
             out.append(Switch(Anchor.NODE, int(first), -1, int(ends[i])))
             first = int(i) + 1
+        if 0 < first < tpl.n:
+            # the nodes after the last block (a model's output head) against the graph's
+            # end, not the last layer's: else every completion there looks late by the
+            # head's whole time and raises the clock as the graph ends
+            out.append(Switch(Anchor.NODE, int(first), -1, int(ends[-1])))
         return out
 
     def _plan_next(self, t_now: int) -> Plan:
@@ -538,13 +610,9 @@ class TubeMPC:
         droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
-        energy_1 = tpl.energy_j + stall_e
-        lowest = self._lowest_allowed("decode", tpl)
-        block_e = tpl.block_energy_j
-        if lowest:
-            energy_1[:lowest] = np.inf
-            block_e = block_e.copy()
-            block_e[:, :lowest] = np.inf
+        ct = self._cautious("decode", tpl)
+        energy_1 = ct.energy_j + stall_e
+        block_e = ct.block_energy_j
         # every graph of the horizon has the template's tables
         energy = energy_1[None].repeat(nc, 0)
         # plans below the top have lately slowed their graphs this many times what
@@ -552,10 +620,10 @@ class TubeMPC:
         # than planned): the solve scales every slowdown by it, so the same debt is
         # not borrowed again graph after graph
         k = self._slow_gain * max(1.0, self._gain_err.estimate().upper_ns)
-        top_col = tpl.graph_ns[self.top]
-        time_ns = (top_col + k * (tpl.graph_ns - top_col))[None].repeat(nc, 0)
-        block_ns = tpl.block_ns[:, self.top : self.top + 1]
-        block_ns = block_ns + k * (tpl.block_ns - block_ns)
+        top_col = ct.graph_ns[self.top]
+        time_ns = (top_col + k * (ct.graph_ns - top_col))[None].repeat(nc, 0)
+        block_ns = ct.block_ns[:, self.top : self.top + 1]
+        block_ns = block_ns + k * (ct.block_ns - block_ns)
         d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc
         stalls_total = d_med * nc
         r = self.rel_err.estimate().upper_ns
@@ -579,7 +647,8 @@ class TubeMPC:
             else None
         )
         if got is not None:
-            blocks, used_here = got
+            blocks = dwell_merge(got[0], tpl.block_ns, s_ns)
+            used_here = float(block_ns[np.arange(len(blocks)), blocks].sum())
         else:
             blocks, used_here = (
                 np.full(len(tpl.block_ns), first, dtype=np.int64),
@@ -606,7 +675,12 @@ class TubeMPC:
             for j in changed:
                 t_edge = float(starts[tpl.edges[j]])
                 key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
-                sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
+                if key < tpl.n and starts[key] - (t_edge - s_ns) > 0.25 * s_ns:
+                    # no ask comes near when the switch must be issued (a host gap:
+                    # the next ask follows the gap): timed from the graph's start
+                    sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+                else:
+                    sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
             sw.extend(self._checkpoints(tpl, ends))
         else:
             for j in changed:

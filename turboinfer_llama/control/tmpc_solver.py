@@ -85,20 +85,25 @@ class PhaseTemplate:
         host_ns: float,
         power: PowerTable,
         time_scale: float = 1.0,
+        host_node: np.ndarray | None = None,
     ) -> None:
         """Tabulate under the time model ``theta`` (``PhaseModel``: each level's clock
         ratio ``f_max/f`` and extra DRAM time ``coupling``) times ``time_scale`` (the
         recent measured/predicted ratio); the graph's measured host time
-        (level-independent) shared out by kernel launches; whole-graph and per-block
-        energy (J x 1e9, i.e. W x ns) and time per level."""
-        edges = _edges(self.n)
+        (level-independent) where ``host_node`` puts it (the measured gap before each
+        node, summing to ``host_ns``), else shared out by kernel launches; whole-graph
+        and per-block energy (J x 1e9, i.e. W x ns) and time per level."""
+        edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node)
         self.edges = edges
         t = plan_native.tabulate(
             self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
-            power.idle_w, time_scale, host_ns, edges,
+            power.idle_w, time_scale, host_ns, edges, host_node,
         )  # fmt: skip
         self.kernel_ns = t.kernel_ns
-        self.host_ns = self.launch * (host_ns / max(float(self.launch.sum()), 1.0))
+        if host_node is None:
+            self.host_ns = self.launch * (host_ns / max(float(self.launch.sum()), 1.0))
+        else:
+            self.host_ns = host_node
         self.graph_ns, self.energy_j = t.graph_ns, t.energy
         self.block_ns, self.block_energy_j = t.block_ns, t.block_energy
 
@@ -120,6 +125,27 @@ def _edges(n: int) -> np.ndarray:
         if len(_EDGES) < 4096:
             _EDGES[n] = got
     return got
+
+
+GAP_BLOCKS = 32  # host gaps (a backend's batch recording) that get blocks of their own
+GAP_SHARE = 0.02  # ... when at least this share of the graph's host time
+
+
+def _gap_edges(n: int, host_node: np.ndarray) -> np.ndarray:
+    """Block boundaries of an ``n``-node graph whose host time sits at ``host_node``:
+    the equal blocks of :func:`_edges`, plus a block of its own for each node preceded
+    by a large gap (the GPU idle while a backend records the next batch), so a plan
+    can give the gap a level of its own."""
+    base = _edges(n)
+    total = float(host_node.sum())
+    if total <= 0:
+        return base
+    big = np.nonzero(host_node >= GAP_SHARE * total)[0]
+    if len(big) == 0:
+        return base
+    if len(big) > GAP_BLOCKS:
+        big = np.sort(big[np.argsort(host_node[big])[-GAP_BLOCKS:]])
+    return np.unique(np.concatenate((base, big, np.minimum(big + 1, n))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +220,38 @@ def block_levels(
         k = int(fits.argmin()) if not fits.all() else nb
         a[:k] = b[:k]
     return a, float(block_ns[rows, a].sum())
+
+
+def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.ndarray:
+    """Per-block levels with no run of one level shorter than ``min_ns`` (predicted):
+    a device takes a switch latency to land a level and holds each for a minimum
+    dwell, so shorter runs would land late and push the later switches back, out of
+    place. A short run joins the neighbouring run of the higher level, at the higher
+    of the two levels: never slower than planned."""
+    lv = [int(x) for x in levels]
+    nb = len(lv)
+    if nb < 2 or min_ns <= 0:
+        return levels
+    t = block_ns[np.arange(nb), levels].tolist()
+    while True:
+        # runs: [start, end) with one level
+        starts = [0] + [i for i in range(1, nb) if lv[i] != lv[i - 1]]
+        if len(starts) < 2:
+            break
+        ends = starts[1:] + [nb]
+        dur = [sum(t[a:b]) for a, b in zip(starts, ends, strict=True)]
+        k = min(range(len(starts)), key=dur.__getitem__)
+        if dur[k] >= min_ns:
+            break
+        a, b = starts[k], ends[k]
+        left = lv[a - 1] if a > 0 else -1
+        right = lv[b] if b < nb else -1
+        if left >= right:  # join the left run
+            j0, j1, new = starts[k - 1], b, max(left, lv[a])
+        else:
+            j0, j1, new = a, ends[k + 1], max(right, lv[a])
+        for i in range(j0, j1):
+            if lv[i] != new:
+                lv[i] = new
+                t[i] = float(block_ns[i, new])
+    return np.asarray(lv, dtype=np.int64)
