@@ -238,7 +238,7 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
         starts = [0] + [i for i in range(1, nb) if lv[i] != lv[i - 1]]
         if len(starts) < 2:
             break
-        ends = starts[1:] + [nb]
+        ends = [*starts[1:], nb]
         dur = [sum(t[a:b]) for a, b in zip(starts, ends, strict=True)]
         k = min(range(len(starts)), key=dur.__getitem__)
         if dur[k] >= min_ns:
