@@ -532,8 +532,8 @@ class TubeMPC:
             block_ns = block_ns.copy()
             block_e = block_e.copy()
             block_ns[:, :seen] = kern + host_b[:, None]
-            block_e[:, :seen] = kern * self.power.busy_w[:seen] + host_b[:, None] * (
-                self.power.idle_w[:seen]
+            block_e[:, :seen] = (
+                kern * self.power.busy_w[:seen] + host_b[:, None] * (self.power.idle_w[:seen])
             )
             graph_ns = graph_ns.copy()
             energy = energy.copy()
