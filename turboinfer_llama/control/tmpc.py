@@ -80,7 +80,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from . import plan_native
-from .forecast import Forecaster, StallStats
+from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
@@ -191,7 +191,11 @@ class TubeMPC:
         # measured / (gain x planned) slowdown of recent plans: its upper quantile widens
         # the tube where the gain alone has not been enough
         self._gain_err = StallStats(window=32, quantile=tube_quantile, prior_ns=1.0)
-        self._last_graph_phase = "idle"
+        self._after_prefill = StallStats(window=16, quantile=tube_quantile)
+        # the next prompt's plan, made off the engine thread after each prompt graph:
+        # (template, its tokens, per-block levels, switches at the template's length,
+        # predicted ns, margin ns)
+        self._prefill_next: tuple[PhaseTemplate, int, list[Switch], int, float, float] | None = None
         # latency (debt, reference elapsed) per phase: prefill per request (TTFT),
         # decode over every request of the run (TPOT is a mean over the run)
         self._acc = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
@@ -277,6 +281,8 @@ class TubeMPC:
         k = ev.kind
         if k is EventKind.DECODE_BEGIN:
             self.phase = "prefill" if ev.n_tokens > 1 else "decode"
+            if self.phase == "prefill":
+                return self._prefill_plan(ev.n_tokens)
             return None
         if k is EventKind.REQUEST_BEGIN:
             self._req_begins.append(ev.t_ns)
@@ -307,7 +313,14 @@ class TubeMPC:
                 self.forecast.observe(StallKind.IDLE, begins[-1] - idle_from)
             self._reset_request()
         elif prev is not None:
-            self._stall(StallKind.SAMPLE, b.t_begin_ns - prev, self._prev_phase)
+            dur = b.t_begin_ns - prev
+            if self._prev_phase == "prefill" and dur >= 0:
+                # the stall after a prompt (the first sampling, a client's first
+                # token out) is its own kind: longer than the decode's
+                self._after_prefill.update(dur)
+                self._account(self._prev_phase, dur, dur)
+            else:
+                self._stall(StallKind.SAMPLE, dur, self._prev_phase)
         del self._req_begins[:-4], self._req_ends[:-4]
 
     def plan(self, now_ns: int) -> list:
@@ -439,6 +452,8 @@ class TubeMPC:
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
             ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
+            if phase == "prefill":
+                self._prepare_prefill(g, b.n_tokens)
         else:
             ref = measured
         self._account(phase, measured, ref)
@@ -517,7 +532,10 @@ class TubeMPC:
         run, the model (and the tube, the gain) take over. Blocks that are mostly host
         time (a batch's recording gap) cost little even at the worst case, so the low
         levels are met there first."""
-        seen = self._lowest_seen.get(phase, self.top)
+        # a prompt's plan is made from another prompt's template (its length unknown
+        # until it arrives): a long prompt is compute-bound where a short one was not,
+        # so every level below the top is taken at its worst case there
+        seen = self.top if phase == "prefill" else self._lowest_seen.get(phase, self.top)
         key = (id(tpl), seen)
         got = self._cautious_cache
         if got is not None and got[0] == key and got[1] is tpl:
@@ -550,10 +568,17 @@ class TubeMPC:
 
     # ---- the optimisation -----------------------------------------------------------
 
+    def _sample_estimate(self) -> StallEstimate:
+        """The sampling stall that follows the graph that just ended: after a prompt,
+        the after-prompt stalls' (where one has been seen), else the decode's."""
+        if self._prev_phase == "prefill" and self._after_prefill.estimate().n:
+            return self._after_prefill.estimate()
+        return self.forecast.estimate(StallKind.SAMPLE)
+
     def _stall_ns(self) -> tuple[float, float, float]:
         """Forecast of the next inter-graph stall (sample + submit): median, lower
         bound, and how far below the lower bound one has ended."""
-        s = self.forecast.estimate(StallKind.SAMPLE)
+        s = self._sample_estimate()
         u = self.forecast.estimate(StallKind.SUBMIT)
         early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
@@ -567,11 +592,72 @@ class TubeMPC:
         tpl = self._templates.get("prefill")
         if tpl is None:
             return self.top
+        if self._prefill_next is not None:
+            return self._prefill_next[3]
         r = self.rel_err.estimate().upper_ns
         ct = self._cautious("prefill", tpl)
         ok = ct.graph_ns * (1.0 + r) <= ct.graph_ns[self.top] * (1.0 + self.slack)
         cand = np.where(ok, ct.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
+
+    def _prepare_prefill(self, tpl: PhaseTemplate, n_tokens: int) -> None:
+        """The next prompt's per-block plan, from this prompt graph's template (off the
+        engine thread; :meth:`_prefill_plan` only scales it to the prompt's length).
+        The blocks share the TTFT budget of a request that has spent none yet: the
+        cheapest per-block levels whose time fits the top level's time times ``1 +
+        slack``, tightened by the tube (``rel_err``) and with the levels the prompt
+        has not run at at their worst case (:meth:`_cautious`)."""
+        self._prefill_next = None
+        if self.planning is False or tpl.n == 0:
+            return
+        r = self.rel_err.estimate().upper_ns
+        ct = self._cautious("prefill", tpl)
+        top_t = float(ct.graph_ns[self.top])
+        cap = top_t * (1.0 + self.slack / (1.0 + r))
+        got = block_levels(ct.block_energy_j, ct.block_ns, cap)
+        if got is None:
+            return
+        blocks = dwell_merge(got[0], ct.block_ns, self.switch_latency_ns)
+        used = float(ct.block_ns[np.arange(len(blocks)), blocks].sum())
+        sw, predicted = self._block_switches(tpl, blocks)
+        margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
+        self._prefill_next = (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin)
+
+    def _prefill_plan(self, n_tokens: int) -> Plan | None:
+        """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
+        prepared plan with its times scaled to this prompt's length; none (the
+        request's level holds) when there is none, or when this request's prompt has
+        already fallen behind its reference (a later chunk of a long prompt)."""
+        got = self._prefill_next
+        if got is None or self._acc["prefill"][0] > 0:
+            return None
+        tpl, tokens, sw, first, predicted, margin = got
+        scale = max(int(n_tokens), 1) / tokens
+        if scale != 1.0:
+            sw = [
+                x
+                if x.anchor is Anchor.NODE and x.level >= 0
+                else Switch(
+                    x.anchor,
+                    int(x.key * scale) if x.anchor is Anchor.OFFSET else x.key,
+                    x.level,
+                    int(x.expect_ns * scale) if x.expect_ns >= 0 else -1,
+                )
+                for x in sw
+            ]
+        d_lo = self._sample_estimate().lower_ns
+        droppable = d_lo >= self.switch_latency_ns and self._after_prefill.estimate().n > 0
+        node_keyed = self.granularity in ("layer", "kernel")
+        return Plan(
+            first_level=first,
+            end_level=0 if droppable else -1,
+            fallback_level=first,
+            n_nodes=tpl.n,
+            predicted_ns=int(predicted * scale),
+            margin_ns=int(margin * scale),
+            gain=self.gain if node_keyed else 0.0,
+            switches=tuple(sw),
+        )
 
     def _checkpoints(self, tpl: PhaseTemplate, ends: np.ndarray) -> list[Switch]:
         """Feedback checkpoints, one per block the callback observes the end of (a layer,
@@ -594,6 +680,40 @@ class TubeMPC:
             out.append(Switch(Anchor.NODE, int(first), -1, int(ends[-1])))
         return out
 
+    def _block_switches(
+        self, tpl: PhaseTemplate, blocks: np.ndarray, scale: float = 1.0
+    ) -> tuple[list[Switch], float]:
+        """The switches (and checkpoints) that run ``tpl``'s blocks at ``blocks``, and
+        the graph's predicted time; times scaled by ``scale`` (a prompt of another
+        length than the template's)."""
+        s_ns = self.switch_latency_ns
+        block_t = tpl.block_ns.ravel()[blocks + self.n_levels * np.arange(len(blocks))]
+        block_ends = np.cumsum(block_t) * scale
+        predicted = float(block_ends[-1]) if len(block_ends) else 0.0
+        changed = (np.nonzero(blocks[1:] != blocks[:-1])[0] + 1).tolist()
+        sw: list[Switch] = []
+        if self.granularity in ("layer", "kernel"):
+            # keyed by the node whose ask comes one switch latency early
+            lv_node = np.repeat(blocks, np.diff(tpl.edges))
+            node_ns = tpl.node_ns(lv_node) * scale
+            ends = np.cumsum(node_ns)
+            starts = ends - node_ns
+            for j in changed:
+                t_edge = float(starts[tpl.edges[j]])
+                key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
+                if key < tpl.n and starts[key] - (t_edge - s_ns) > 0.25 * s_ns:
+                    # no ask comes near when the switch must be issued (a host gap:
+                    # the next ask follows the gap): timed from the graph's start
+                    sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+                else:
+                    sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
+            sw.extend(self._checkpoints(tpl, ends))
+        else:
+            for j in changed:
+                t_edge = float(block_ends[j - 1])
+                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+        return sw, predicted
+
     def _plan_next(self, t_now: int) -> Plan:
         """The plan for the graph after the stall that starts at ``t_now``."""
         self.solves += 1
@@ -607,7 +727,7 @@ class TubeMPC:
             )
         nc, idle_w = self.n_compute, self.power.idle_w
         d_med, d_lo, d_early = self._stall_ns()
-        droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
+        droppable = d_lo >= s_ns and self._sample_estimate().n > 0
         ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
         ct = self._cautious("decode", tpl)
@@ -657,35 +777,11 @@ class TubeMPC:
         used = used_here + future
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         first = int(blocks[0])
-        # each block's predicted start (offset from the graph's first kernel)
-        block_t = tpl.block_ns.ravel()[blocks + self.n_levels * np.arange(len(blocks))]
-        block_ends = np.cumsum(block_t)
+        sw, predicted = self._block_switches(tpl, blocks)
         # the model's own prediction (the gain is learnt against it) and its time at
         # the top level
-        predicted = float(block_ends[-1]) if len(block_ends) else 0.0
         self._predicted = (tpl.n, predicted, float(tpl.block_ns[:, self.top].sum()))
         node_keyed = self.granularity in ("layer", "kernel")
-        changed = (np.nonzero(blocks[1:] != blocks[:-1])[0] + 1).tolist()
-        sw: list[Switch] = []
-        if node_keyed:  # keyed by the node whose ask comes one switch latency early
-            lv_node = np.repeat(blocks, np.diff(tpl.edges))
-            node_ns = tpl.node_ns(lv_node)
-            ends = np.cumsum(node_ns)
-            starts = ends - node_ns
-            for j in changed:
-                t_edge = float(starts[tpl.edges[j]])
-                key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
-                if key < tpl.n and starts[key] - (t_edge - s_ns) > 0.25 * s_ns:
-                    # no ask comes near when the switch must be issued (a host gap:
-                    # the next ask follows the gap): timed from the graph's start
-                    sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
-                else:
-                    sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
-            sw.extend(self._checkpoints(tpl, ends))
-        else:
-            for j in changed:
-                t_edge = float(block_ends[j - 1])
-                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
         if droppable:
             # the drop comes at the graph's end (the plan's end level, applied when
             # llama_decode returns), the raise one switch latency before the stall's
