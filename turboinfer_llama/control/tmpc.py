@@ -698,12 +698,20 @@ class TubeMPC:
             node_ns = tpl.node_ns(lv_node) * scale
             ends = np.cumsum(node_ns)
             starts = ends - node_ns
-            for j in changed:
-                t_edge = float(starts[tpl.edges[j]])
-                key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
-                if key < tpl.n and starts[key] - (t_edge - s_ns) > 0.25 * s_ns:
-                    # no ask comes near when the switch must be issued (a host gap:
-                    # the next ask follows the gap): timed from the graph's start
+            t_edges = [float(starts[tpl.edges[j]]) for j in changed]
+            keys = [int(x) for x in np.searchsorted(starts, np.subtract(t_edges, s_ns))]
+            # no ask comes near when the switch must be issued (a host gap: the next
+            # ask follows the gap): timed from the graph's start. The switch before
+            # such a one is timed too: a graph running slower than planned would
+            # otherwise see the timed raise fire before the node-keyed drop it undoes
+            timed = [
+                k < tpl.n and starts[k] - (t - s_ns) > 0.25 * s_ns
+                for k, t in zip(keys, t_edges, strict=True)
+            ]
+            for i in range(len(timed) - 1):
+                timed[i] = timed[i] or timed[i + 1]
+            for j, t_edge, key, by_time in zip(changed, t_edges, keys, timed, strict=True):
+                if by_time:
                     sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
                 else:
                     sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
