@@ -727,15 +727,23 @@ class TubeMPC:
         self.solves += 1
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
-        if tpl is None or self.probe_due("decode"):
-            # nothing to predict from yet, or the reference's top-level probe is due
-            lv = self.top
-            return Plan(
-                first_level=lv, fallback_level=lv, switches=(Switch(Anchor.TIME, t_now, lv),)
-            )
-        nc, idle_w = self.n_compute, self.power.idle_w
         d_med, d_lo, d_early = self._stall_ns()
         droppable = d_lo >= s_ns and self._sample_estimate().n > 0
+        if tpl is None or self.probe_due("decode"):
+            # nothing to predict from yet, or the reference's top-level probe is due:
+            # the graph at the top level, the stalls around it still at the bottom
+            # (raised one switch latency before the shortest stall seen ends: a probe
+            # must run wholly at the top)
+            lv = self.top
+            d_min = d_lo - d_early
+            t_raise = t_now + int(d_min) - s_ns if droppable and d_min >= s_ns else t_now
+            return Plan(
+                first_level=lv,
+                end_level=0 if droppable else -1,
+                fallback_level=lv,
+                switches=(Switch(Anchor.TIME, t_raise, lv),),
+            )
+        nc, idle_w = self.n_compute, self.power.idle_w
         ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
         ct = self._cautious("decode", tpl)
