@@ -151,7 +151,7 @@ int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *starts_ns,
 int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		     const double *ratio, const double *coupling, const double *busy_w,
 		     const double *idle_w, size_t n_levels, double time_scale,
-		     double host_ns, const double *host_node, const int64_t *edges,
+		     double host_ns, const double *block_host, const int64_t *edges,
 		     size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
 		     double *block_ns, double *block_energy)
 {
@@ -182,7 +182,7 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 	for (blk = 0; blk < n_blocks; blk++) {
 		double *bn = block_ns + blk * n_levels;
 		double *be = block_energy + blk * n_levels;
-		double block_launch = 0.0, block_host = 0.0, host_share;
+		double block_launch = 0.0, host_share;
 
 		for (l = 0; l < n_levels; l++)
 			bn[l] = 0.0;
@@ -194,8 +194,6 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			double *row = kernel_ns + i * n_levels;
 
 			block_launch += launch;
-			if (host_node)
-				block_host += host_node[i];
 			for (l = 0; l < n_levels; l++) {
 				double a = c * a_k[l], b = m * b_k[l];
 				double hi = (a > b ? a : b) + theta[2] * (a < b ? a : b);
@@ -205,7 +203,7 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 				bn[l] += row[l];
 			}
 		}
-		host_share = host_node ? block_host : block_launch * per_launch;
+		host_share = block_host ? block_host[blk] : block_launch * per_launch;
 		for (l = 0; l < n_levels; l++) {
 			graph_ns[l] += bn[l];
 			be[l] = busy_w[l] * bn[l] + idle_w[l] * host_share;

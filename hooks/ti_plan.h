@@ -78,8 +78,9 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
  * edges[n_blocks] = n). Each node's kernel time at level l is
  * max(max(a, b) + th_x min(a, b), th_o launch 1 us) with a = c th_c ratio[l],
  * b = m (th_m + th_d coupling[l]), times time_scale; host_ns (the graph's host time) is
- * placed at the nodes host_node gives (n values summing to host_ns: the measured gap
- * before each node), or shared out by launches where host_node is NULL.
+ * placed in the blocks as block_host gives (n_blocks values summing to host_ns: the
+ * measured gaps before each block's nodes), or shared out by launches where block_host
+ * is NULL.
  *
  * Out (row-major): kernel_ns[n][n_levels]; graph_ns[n_levels], energy[n_levels]
  * (W x ns); block_ns[n_blocks][n_levels], block_energy[n_blocks][n_levels].
@@ -87,7 +88,7 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
 TI_API int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			    const double *ratio, const double *coupling, const double *busy_w,
 			    const double *idle_w, size_t n_levels, double time_scale,
-			    double host_ns, const double *host_node, const int64_t *edges,
+			    double host_ns, const double *block_host, const int64_t *edges,
 			    size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
 			    double *block_ns, double *block_energy);
 

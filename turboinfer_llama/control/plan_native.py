@@ -300,6 +300,11 @@ def kernel_times_numpy(
     return np.maximum(hi, floor), a, b, hi, floor
 
 
+def _block_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per-node ``values`` summed per block (between ``edges``)."""
+    return np.add.reduceat(np.asarray(values, dtype=np.float64), edges[:-1])
+
+
 def tabulate(
     c_ns: np.ndarray,
     m_ns: np.ndarray,
@@ -337,9 +342,10 @@ def tabulate(
         kernel_ns = np.empty((n, n_lv))
         graph_ns, energy = np.empty(n_lv), np.empty(n_lv)
         block_ns, block_energy = np.empty((nb, n_lv)), np.empty((nb, n_lv))
-        hn = None if host_node is None else _f64(host_node)
-        if hn is not None and len(hn) != n:
+        if host_node is not None and len(host_node) != n:
             raise ValueError("ti_plan_tabulate: host_node needs one value per node")
+        # the blocks' host time summed here, in numpy, for the C pass and the twin alike
+        hn = None if host_node is None else _f64(_block_sums(host_node, edges))
         rc = _LIB.ti_plan_tabulate(
             ctypes.byref(nodes), _ptr(th), _ptr_kept(ra), _ptr_kept(co), _ptr_kept(bw),
             _ptr_kept(iw), n_lv, float(time_scale), float(host_ns),
@@ -358,7 +364,7 @@ def tabulate(
         per_launch = host_ns / max(float(launch.sum()), 1.0)
         ch = (np.add.reduceat(launch, edges[:-1]) * per_launch)[:, None]
     else:
-        ch = np.add.reduceat(np.asarray(host_node, dtype=np.float64), edges[:-1])[:, None]
+        ch = _block_sums(host_node, edges)[:, None]
     return Tables(
         k,
         graph_kernel_ns + host_ns,

@@ -154,6 +154,11 @@ class TubeMPC:
         self.combos, self.changes = level_combinations(self.n_levels, self.n_compute)
         first_change = self.combos[:, 0][None, :] != np.arange(self.n_levels)[:, None]
         self.switch_count = self.changes[None, :] + first_change  # per current level
+        # among plans equal but for their order (the horizon's graphs are alike), the
+        # one with the faster first graph: a run can end after any graph; and a tie
+        # told apart by rounding would make the C and numpy passes disagree (W x ns,
+        # far below any real difference and far above rounding)
+        self._order_pref = 1e-3 * (self.top - self.combos[:, 0]).astype(np.float64)
         self.gain = feedback_gain
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
         self._templates: dict[str, PhaseTemplate] = {}
@@ -773,6 +778,7 @@ class TubeMPC:
         allowed_1 = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
         budget_1 = d_ref / nc + (allowed_1 - stall_tube / nc) / (1.0 + r)
         penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
+        penalty = penalty + self._order_pref
         sol = solve_horizon(energy, time_ns, budget, penalty, self.combos, budget_1)
         levels = sol.levels
         first = int(levels[0])

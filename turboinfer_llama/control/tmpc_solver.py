@@ -240,8 +240,10 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
             break
         ends = [*starts[1:], nb]
         dur = [sum(t[a:b]) for a, b in zip(starts, ends, strict=True)]
-        k = min(range(len(starts)), key=dur.__getitem__)
-        if dur[k] >= min_ns:
+        # the first short run, left to right (not the shortest: a graph's layers
+        # repeat, and equal runs would be told apart by rounding alone)
+        k = next((i for i, d in enumerate(dur) if d < min_ns), -1)
+        if k < 0:
             break
         a, b = starts[k], ends[k]
         left = lv[a - 1] if a > 0 else -1
