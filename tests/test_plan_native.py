@@ -90,8 +90,9 @@ def test_observe_matches_numpy(seed, n, n_sw, strided, coupled, zero_share):
     strided=st.booleans(),
     time_scale=st.floats(0.3, 3.0),
     host_ns=st.floats(0.0, 5e6),
+    placed=st.booleans(),
 )
-def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns):
+def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed):
     c, m, launch = _graph(seed, n, strided)
     rng = np.random.default_rng(seed)
     theta = rng.uniform([0.3, 0.3, 0.05, 0.5, 0], [3, 3, 1, 8, 2])
@@ -99,9 +100,23 @@ def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns):
     coupling = np.linspace(0.8, 0.0, len(LEVELS))
     busy, idle = np.linspace(0.5, 3.0, len(LEVELS)), np.linspace(0.2, 0.6, len(LEVELS))
     edges = solver._edges(n)
-    args = (c, m, launch, theta, ratio, coupling, busy, idle, time_scale, host_ns, edges)
+    host_node = None
+    if placed:  # the host time at measured gaps (a few nodes), not shared by launches
+        host_node = np.where(rng.random(n) < 0.05, rng.random(n), 0.0)
+        host_node *= host_ns / max(float(host_node.sum()), 1e-9)
+        edges = solver._gap_edges(n, host_node)
+    args = (c, m, launch, theta, ratio, coupling, busy, idle, time_scale, host_ns, edges, host_node)
     got = pn.tabulate(*args, native=True)
     ref = pn.tabulate(*args, native=False)
+    if host_node is not None and host_ns > 0:
+        # each block carries its own nodes' host time, at every level
+        per_block = np.add.reduceat(host_node, edges[:-1])
+        np.testing.assert_allclose(
+            ref.block_ns - np.add.reduceat(ref.kernel_ns, edges[:-1], axis=0),
+            np.repeat(per_block[:, None], len(LEVELS), axis=1),
+            rtol=1e-9,
+            atol=1e-6,
+        )
     for name in ("kernel_ns", "graph_ns", "energy", "block_ns", "block_energy"):
         np.testing.assert_allclose(
             getattr(got, name), getattr(ref, name), rtol=1e-9, atol=1e-6, err_msg=name
