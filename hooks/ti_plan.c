@@ -153,7 +153,9 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		     const double *idle_w, size_t n_levels, double time_scale,
 		     double host_ns, const double *block_host, const int64_t *edges,
 		     size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
-		     double *block_ns, double *block_energy)
+		     double *block_ns, double *block_energy, const double *worst, size_t seen,
+		     double *safe_graph_ns, double *safe_energy, double *safe_block_ns,
+		     double *safe_block_energy)
 {
 	size_t i, l, blk;
 	double launches = 0.0, per_launch, floor_unit;
@@ -165,6 +167,9 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		return TI_PLAN_EINVAL;
 	if (edges[0] != 0 || edges[n_blocks] != (int64_t)nodes->n)
 		return TI_PLAN_EINVAL;
+	if (!worst || seen > n_levels - 1 || !safe_graph_ns || !safe_energy || !safe_block_ns ||
+	    !safe_block_energy)
+		seen = 0, safe_graph_ns = NULL;
 	for (blk = 0; blk < n_blocks; blk++)
 		if (edges[blk + 1] <= edges[blk])
 			return TI_PLAN_EINVAL;
@@ -204,6 +209,23 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			}
 		}
 		host_share = block_host ? block_host[blk] : block_launch * per_launch;
+		if (safe_graph_ns) {
+			/* the levels below `seen` at their worst case: the top level's kernel
+			 * time times worst[l], never less than the model's */
+			double *sn = safe_block_ns + blk * n_levels;
+			double *se = safe_block_energy + blk * n_levels;
+			double top_k = bn[n_levels - 1];
+
+			for (l = 0; l < n_levels; l++) {
+				double k = bn[l];
+
+				if (l < seen && top_k * worst[l] > k)
+					k = top_k * worst[l];
+				safe_graph_ns[l] = (blk ? safe_graph_ns[l] : 0.0) + k;
+				se[l] = busy_w[l] * k + idle_w[l] * host_share;
+				sn[l] = k + host_share;
+			}
+		}
 		for (l = 0; l < n_levels; l++) {
 			graph_ns[l] += bn[l];
 			be[l] = busy_w[l] * bn[l] + idle_w[l] * host_share;
@@ -213,6 +235,10 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 	for (l = 0; l < n_levels; l++) {
 		energy[l] = busy_w[l] * graph_ns[l] + idle_w[l] * host_ns;
 		graph_ns[l] += host_ns;
+		if (safe_graph_ns) {
+			safe_energy[l] = busy_w[l] * safe_graph_ns[l] + idle_w[l] * host_ns;
+			safe_graph_ns[l] += host_ns;
+		}
 	}
 	return TI_PLAN_OK;
 }

@@ -84,13 +84,19 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
  *
  * Out (row-major): kernel_ns[n][n_levels]; graph_ns[n_levels], energy[n_levels]
  * (W x ns); block_ns[n_blocks][n_levels], block_energy[n_blocks][n_levels].
+ * With worst (n_levels values) and the safe_* outputs (same shapes as graph_ns,
+ * energy, block_ns, block_energy): the same tables with each block's kernel time at
+ * the levels below `seen` raised to at least its top-level kernel time times
+ * worst[l] (tmpc's cautious tables for levels not run yet); seen 0 copies them.
  */
 TI_API int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			    const double *ratio, const double *coupling, const double *busy_w,
 			    const double *idle_w, size_t n_levels, double time_scale,
 			    double host_ns, const double *block_host, const int64_t *edges,
 			    size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
-			    double *block_ns, double *block_energy);
+			    double *block_ns, double *block_energy, const double *worst,
+			    size_t seen, double *safe_graph_ns, double *safe_energy,
+			    double *safe_block_ns, double *safe_block_energy);
 
 /*
  * The cheapest combination of per-graph levels over a horizon of n_seg graphs

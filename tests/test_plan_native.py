@@ -105,9 +105,25 @@ def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed):
         host_node = np.where(rng.random(n) < 0.05, rng.random(n), 0.0)
         host_node *= host_ns / max(float(host_node.sum()), 1e-9)
         edges = solver._gap_edges(n, host_node)
+    seen = seed % len(LEVELS)  # levels below it at their worst case (0: none)
+    worst = LEVELS[-1] / LEVELS
     args = (c, m, launch, theta, ratio, coupling, busy, idle, time_scale, host_ns, edges, host_node)
-    got = pn.tabulate(*args, native=True)
-    ref = pn.tabulate(*args, native=False)
+    got = pn.tabulate(*args, worst, seen, native=True)
+    ref = pn.tabulate(*args, worst, seen, native=False)
+    # the worst case never undercuts the model, and is the model from `seen` up
+    assert (ref.safe_block_ns >= ref.block_ns - 1e-6).all()
+    np.testing.assert_array_equal(ref.safe_block_ns[:, seen:], ref.block_ns[:, seen:])
+    if seen:
+        top_kernel = np.add.reduceat(ref.kernel_ns[:, -1], edges[:-1])
+        host_b = ref.block_ns[:, -1] - top_kernel
+        np.testing.assert_allclose(
+            ref.safe_block_ns[:, :seen] - host_b[:, None],
+            np.maximum(
+                ref.block_ns[:, :seen] - host_b[:, None], top_kernel[:, None] * worst[:seen]
+            ),
+            rtol=1e-9,
+            atol=1e-6,
+        )
     if host_node is not None and host_ns > 0:
         # each block carries its own nodes' host time, at every level
         per_block = np.add.reduceat(host_node, edges[:-1])
@@ -117,7 +133,10 @@ def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed):
             rtol=1e-9,
             atol=1e-6,
         )
-    for name in ("kernel_ns", "graph_ns", "energy", "block_ns", "block_energy"):
+    for name in (
+        "kernel_ns", "graph_ns", "energy", "block_ns", "block_energy",
+        "safe_graph_ns", "safe_energy", "safe_block_ns", "safe_block_energy",
+    ):  # fmt: skip
         np.testing.assert_allclose(
             getattr(got, name), getattr(ref, name), rtol=1e-9, atol=1e-6, err_msg=name
         )

@@ -369,7 +369,7 @@ class TubeMPC:
         launches). A backend that records and submits nodes in batches leaves the GPU
         idle at the batch boundaries: a plan that knows where can drop the clock there
         and need not mistake the gap for a slow block."""
-        if b.n < 2 or host_ns <= 0 or not (b.done_ns >= 0).all():
+        if b.granularity == "graph" or b.n < 2 or host_ns <= 0 or not (b.done_ns >= 0).all():
             return None
         gaps = np.empty(b.n)
         gaps[0] = 0.0
@@ -450,8 +450,9 @@ class TubeMPC:
             self._time_scale[phase] = ts
             _, ratio, coupling = pm.level_terms(self.levels_hz)
             g.tabulate(
-                pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host)
-            )
+                pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host),
+                self._worst_ratio, self._seen_for(phase),
+            )  # fmt: skip
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
@@ -526,6 +527,13 @@ class TubeMPC:
         if len(seen):
             self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), int(seen[0]))
 
+    def _seen_for(self, phase: str) -> int:
+        """The levels below this one are taken at their worst case (:meth:`_cautious`)."""
+        # a prompt's plan is made from another prompt's template (its length unknown
+        # until it arrives): a long prompt is compute-bound where a short one was not,
+        # so every level below the top is taken at its worst case there
+        return self.top if phase == "prefill" else self._lowest_seen.get(phase, self.top)
+
     def _cautious(self, phase: str, tpl: PhaseTemplate) -> CautiousTables:
         """The template's tables with the levels the phase has not run at yet (below
         the lowest seen) at their worst case: each block's kernel time at the top
@@ -537,10 +545,9 @@ class TubeMPC:
         run, the model (and the tube, the gain) take over. Blocks that are mostly host
         time (a batch's recording gap) cost little even at the worst case, so the low
         levels are met there first."""
-        # a prompt's plan is made from another prompt's template (its length unknown
-        # until it arrives): a long prompt is compute-bound where a short one was not,
-        # so every level below the top is taken at its worst case there
-        seen = self.top if phase == "prefill" else self._lowest_seen.get(phase, self.top)
+        seen = self._seen_for(phase)
+        if tpl.safe_seen == seen:  # tabulated with these (the C pass)
+            return CautiousTables(*tpl.safe)
         key = (id(tpl), seen)
         got = self._cautious_cache
         if got is not None and got[0] == key and got[1] is tpl:
@@ -548,19 +555,18 @@ class TubeMPC:
         block_ns, block_e = tpl.block_ns, tpl.block_energy_j
         graph_ns, energy = tpl.graph_ns, tpl.energy_j
         if seen > 0:
-            host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])
-            kern_top = np.maximum(block_ns[:, self.top] - host_b, 0.0)
-            worst = self._worst_ratio[:seen]
-            kern = np.maximum(block_ns[:, :seen] - host_b[:, None], kern_top[:, None] * worst)
+            host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])[:, None]
+            kern_top = block_ns[:, self.top : self.top + 1] - host_b
+            low = block_ns[:, :seen]
+            worst = np.maximum(low, kern_top * self._worst_ratio[:seen] + host_b)
+            extra = worst - low  # >= 0: time the worst case adds (busy, at the level)
             block_ns = block_ns.copy()
+            block_ns[:, :seen] = worst
             block_e = block_e.copy()
-            block_ns[:, :seen] = kern + host_b[:, None]
-            block_e[:, :seen] = (
-                kern * self.power.busy_w[:seen] + host_b[:, None] * (self.power.idle_w[:seen])
-            )
+            block_e[:, :seen] += extra * self.power.busy_w[:seen]
             graph_ns = graph_ns.copy()
+            graph_ns[:seen] += extra.sum(axis=0)
             energy = energy.copy()
-            graph_ns[:seen] = block_ns[:, :seen].sum(axis=0)
             energy[:seen] = block_e[:, :seen].sum(axis=0)
         out = CautiousTables(graph_ns, energy, block_ns, block_e)
         self._cautious_cache = (key, tpl, out)

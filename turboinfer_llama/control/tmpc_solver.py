@@ -61,6 +61,8 @@ class PhaseTemplate:
         "layer_out",
         "m_ns",
         "n",
+        "safe",
+        "safe_seen",
     )
 
     def __init__(
@@ -76,6 +78,8 @@ class PhaseTemplate:
         self.kernel_ns = np.zeros((self.n, 1))
         self.host_ns = np.zeros(self.n)
         self.energy_j = self.graph_ns = np.zeros(1)
+        self.safe: tuple = ()
+        self.safe_seen = -1
 
     def tabulate(
         self,
@@ -86,19 +90,25 @@ class PhaseTemplate:
         power: PowerTable,
         time_scale: float = 1.0,
         host_node: np.ndarray | None = None,
+        worst: np.ndarray | None = None,
+        seen: int = 0,
     ) -> None:
         """Tabulate under the time model ``theta`` (``PhaseModel``: each level's clock
         ratio ``f_max/f`` and extra DRAM time ``coupling``) times ``time_scale`` (the
         recent measured/predicted ratio); the graph's measured host time
         (level-independent) where ``host_node`` puts it (the measured gap before each
         node, summing to ``host_ns``), else shared out by kernel launches; whole-graph
-        and per-block energy (J x 1e9, i.e. W x ns) and time per level."""
+        and per-block energy (J x 1e9, i.e. W x ns) and time per level; and the same
+        with the levels below ``seen`` at their worst case (``worst``: per level, the
+        top level's kernel time times it), ``safe``, made for ``safe_seen``."""
         edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node)
         self.edges = edges
         t = plan_native.tabulate(
             self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
-            power.idle_w, time_scale, host_ns, edges, host_node,
+            power.idle_w, time_scale, host_ns, edges, host_node, worst, seen,
         )  # fmt: skip
+        self.safe = (t.safe_graph_ns, t.safe_energy, t.safe_block_ns, t.safe_block_energy)
+        self.safe_seen = seen if worst is not None and 0 < seen < len(ratio) else 0
         self.kernel_ns = t.kernel_ns
         if host_node is None:
             self.host_ns = self.launch * (host_ns / max(float(self.launch.sum()), 1.0))
@@ -226,34 +236,48 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
     """Per-block levels with no run of one level shorter than ``min_ns`` (predicted):
     a device takes a switch latency to land a level and holds each for a minimum
     dwell, so shorter runs would land late and push the later switches back, out of
-    place. A short run joins the neighbouring run of the higher level, at the higher
-    of the two levels: never slower than planned."""
-    lv = [int(x) for x in levels]
-    nb = len(lv)
+    place. The first short run (left to right: a graph's layers repeat, and equal runs
+    would be told apart by rounding alone) joins the neighbouring run of the higher
+    level, at the higher of the two levels: never slower than planned."""
+    nb = len(levels)
     if nb < 2 or min_ns <= 0:
         return levels
+    lv = levels.tolist()
+    if all(x == lv[0] for x in lv):
+        return levels
     t = block_ns[np.arange(nb), levels].tolist()
-    while True:
-        # runs: [start, end) with one level
-        starts = [0] + [i for i in range(1, nb) if lv[i] != lv[i - 1]]
-        if len(starts) < 2:
-            break
-        ends = [*starts[1:], nb]
-        dur = [sum(t[a:b]) for a, b in zip(starts, ends, strict=True)]
-        # the first short run, left to right (not the shortest: a graph's layers
-        # repeat, and equal runs would be told apart by rounding alone)
-        k = next((i for i, d in enumerate(dur) if d < min_ns), -1)
-        if k < 0:
-            break
-        a, b = starts[k], ends[k]
-        left = lv[a - 1] if a > 0 else -1
-        right = lv[b] if b < nb else -1
-        if left >= right:  # join the left run
-            j0, j1, new = starts[k - 1], b, max(left, lv[a])
+    # runs as [start, end, level, duration]
+    runs: list[list] = []
+    for i in range(nb):
+        if runs and runs[-1][2] == lv[i]:
+            runs[-1][1] = i + 1
+            runs[-1][3] += t[i]
         else:
-            j0, j1, new = a, ends[k + 1], max(right, lv[a])
-        for i in range(j0, j1):
+            runs.append([i, i + 1, lv[i], t[i]])
+    k = 0
+    while len(runs) > 1 and k < len(runs):
+        if runs[k][3] >= min_ns:
+            k += 1
+            continue
+        left = runs[k - 1][2] if k > 0 else -1
+        right = runs[k + 1][2] if k + 1 < len(runs) else -1
+        j = k - 1 if left >= right else k + 1  # the neighbour it joins
+        a, b = (j, k) if j < k else (k, j)
+        new = max(runs[a][2], runs[b][2])
+        dur = 0.0
+        for i in range(runs[a][0], runs[b][1]):
             if lv[i] != new:
                 lv[i] = new
                 t[i] = float(block_ns[i, new])
+            dur += t[i]
+        runs[a : b + 1] = [[runs[a][0], runs[b][1], new, dur]]
+        # the merged run may now equal a neighbour's level: join them
+        if a + 1 < len(runs) and runs[a + 1][2] == new:
+            nxt = runs.pop(a + 1)
+            runs[a][1], runs[a][3] = nxt[1], runs[a][3] + nxt[3]
+        if a > 0 and runs[a - 1][2] == new:
+            cur = runs.pop(a)
+            runs[a - 1][1], runs[a - 1][3] = cur[1], runs[a - 1][3] + cur[3]
+            a -= 1
+        k = max(a - 1, 0)  # a join can shorten nothing, but re-check from before it
     return np.asarray(lv, dtype=np.int64)
