@@ -26,10 +26,17 @@ had not run, it misjudged the default by 3-34% and the budget overshot 2-5x. The
 price of the top-level reference: where the default is slower than the top clock,
 that slowness is not spent -- the hindsight ``static-best``/``phase`` can spend it.)
 
-Safe exploration (``_lowest_allowed``): a plan goes at most one level below the lowest
-level the phase has run at, and only when the slack already earned covers that step's
-worst case; the slack a plan may spend is what has been earned plus the next graph's
-own, never the horizon's later graphs' (a run can end after any graph).
+Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
+graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
+case -- each block's top-level kernel time times the clock ratio (or the published
+DRAM slowdown, where larger), never less than the model says -- so a plan spends on
+a level it has not measured only what it could afford were that level as slow as
+clock scaling makes it. Blocks that are mostly host time (a batch's recording gap)
+cost little even at the worst case, so low levels are met there first. (A one-level
+staircase was used before: on the simulated adreno650 it stopped at 490 MHz, the
+level where the DDR vote drops, and never reached 305 MHz.) The slack a plan may
+spend is what has been earned plus the next graph's own, never the horizon's later
+graphs' (a run can end after any graph).
 
 The plan for the next graph (``_plan_next``), solved at the end of a graph, i.e. at
 the start of the sampling stall:
@@ -54,7 +61,19 @@ the start of the sampling stall:
   the horizon leaves it (``tmpc_solver.block_levels``). Block switches are keyed by
   node ordinal where the callback sees node boundaries during compute (``layer``,
   ``kernel``), else by time offset from the graph's first kernel (``graph``), and
-  issued one switch latency early.
+  issued one switch latency early; a switch that must be issued inside a host gap
+  (no ask comes there) is timed, and so is the one before it (else a graph slower
+  than planned fires the timed raise before the node-keyed drop it undoes). No run
+  of one level is shorter than a switch latency (``dwell_merge``): a device lands
+  one level at a time, and a shorter run pushes every later switch out of place.
+  Where the callback saw every completion, the graph's host time sits at the
+  measured gaps (a backend recording the next batch leaves the GPU idle between
+  batches), each large gap a block of its own: the plan drops the clock there.
+* Prompts: a per-block plan for the next prompt, made after each prompt graph from
+  its template with every level below the top at its worst case (the next prompt's
+  length is unknown: a long one is compute-bound where a short one was not), scaled
+  to the prompt's length at its DECODE_BEGIN. The stall after a prompt (the first
+  sampling) is forecast apart from the decode's.
 * Stalls cost no latency, so their level has a closed form: the bottom level when the
   stall's lower bound is longer than the switch latency -- the drop at the graph's end,
   the raise one switch latency before the stall's lower-bound end -- else the next
@@ -67,7 +86,7 @@ the start of the sampling stall:
 
 A phase with no template yet (the first prefill, the first decode graph) runs at the
 top level: it cannot be followed node by node from Python, and it must not fall
-behind the default governor.
+behind the default governor. Its stalls, and a probe's, still drop to the bottom.
 """
 
 from __future__ import annotations
@@ -175,7 +194,7 @@ class TubeMPC:
         # regressors, host ns); graphs since the last, per phase
         self._top_probe: dict[str, deque[tuple[float, np.ndarray, float]]] = {}
         # per phase: the lowest level a graph has spent a good share of its time at;
-        # plans go at most one level below it (a level's time is known once run)
+        # levels below it enter the solve at their worst case (see _cautious)
         self._lowest_seen: dict[str, int] = {}
         # worst slowdown of a level the phase has not run at: the clock ratio, or the
         # published DRAM slowdown where larger (see _cautious)
@@ -595,11 +614,12 @@ class TubeMPC:
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
     def _prefill_level(self) -> int:
-        """One level for a prefill graph: the cheapest whose predicted time keeps the
-        TTFT budget against the top level's time over the last prefill's template (at
-        most one level below the lowest the prefill has run at); the top level when
-        there is no template yet (a graph with no template cannot be followed inside
-        the decode)."""
+        """The level a request starts its prompt at (the raise at REQUEST_BEGIN): the
+        prepared prompt plan's first (:meth:`_prepare_prefill`); else the cheapest
+        single level whose time, every level below the top at its worst case, keeps
+        the TTFT budget against the top level's over the last prefill's template; the
+        top level when there is no template yet (a graph with no template cannot be
+        followed inside the decode)."""
         tpl = self._templates.get("prefill")
         if tpl is None:
             return self.top
