@@ -359,6 +359,7 @@ def tabulate(
             raise ValueError("ti_plan_tabulate: host_node needs one value per node")
         # the blocks' host time summed here, in numpy, for the C pass and the twin alike
         hn = None if host_node is None else _f64(_block_sums(host_node, edges))
+        safe: tuple[int | None, int, int | None, int | None, int | None, int | None]
         if seen:
             wo = _f64(worst)  # type: ignore[arg-type]
             s_g, s_e = np.empty(n_lv), np.empty(n_lv)
