@@ -202,6 +202,7 @@ class TubeMPC:
         if self.power.mem_slowdown is not None:
             worst = np.maximum(worst, np.asarray(self.power.mem_slowdown, dtype=np.float64))
         self._worst_ratio = worst
+        self._clock_slowdown = self.levels_hz[-1] / self.levels_hz - 1.0
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
@@ -631,6 +632,23 @@ class TubeMPC:
         cand = np.where(ok, ct.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
 
+    def _timing_risk(self, tpl: PhaseTemplate, block_ns: np.ndarray, r: float) -> np.ndarray:
+        """Time a gap block's level risks through its switches landing off time. A
+        block that is mostly host time (a batch's recording gap) has its raise inside
+        the gap, where no ask comes: it is timed from the graph's start by the
+        predicted elapsed time, which is off by up to ``r`` (the tube's relative
+        graph-time error) of the block's start offset; a level switched into that
+        much early or late slows that much of the neighbouring work by the level's
+        clock ratio. Where the model times the graph well this is nothing; where it
+        does not, a drop to the bottom in a 1 ms gap stops being worth its risk."""
+        if r <= 0:
+            return np.zeros_like(block_ns)
+        top_t = block_ns[:, self.top]
+        host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])
+        start = np.cumsum(top_t) - top_t
+        start[host_b < 0.5 * top_t] = 0.0
+        return (r * start)[:, None] * self._clock_slowdown[None, :]
+
     def _prepare_prefill(self, tpl: PhaseTemplate, n_tokens: int) -> None:
         """The next prompt's per-block plan, from this prompt graph's template (off the
         engine thread; :meth:`_prefill_plan` only scales it to the prompt's length).
@@ -645,11 +663,12 @@ class TubeMPC:
         ct = self._cautious("prefill", tpl)
         top_t = float(ct.graph_ns[self.top])
         cap = top_t * (1.0 + self.slack / (1.0 + r))
-        got = block_levels(ct.block_energy_j, ct.block_ns, cap)
+        risky = ct.block_ns + self._timing_risk(tpl, ct.block_ns, r)
+        got = block_levels(ct.block_energy_j, risky, cap)
         if got is None:
             return
         blocks = dwell_merge(got[0], ct.block_ns, self.switch_latency_ns)
-        used = float(ct.block_ns[np.arange(len(blocks)), blocks].sum())
+        used = float(risky[np.arange(len(blocks)), blocks].sum())
         sw, predicted = self._block_switches(tpl, blocks)
         margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
         self._prefill_next = (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin)
@@ -790,10 +809,10 @@ class TubeMPC:
         top_col = ct.graph_ns[self.top]
         time_ns = (top_col + k * (ct.graph_ns - top_col))[None].repeat(nc, 0)
         block_ns = ct.block_ns[:, self.top : self.top + 1]
-        block_ns = block_ns + k * (ct.block_ns - block_ns)
+        r = self.rel_err.estimate().upper_ns
+        block_ns = block_ns + k * (ct.block_ns - block_ns) + self._timing_risk(tpl, ct.block_ns, r)
         d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc
         stalls_total = d_med * nc
-        r = self.rel_err.estimate().upper_ns
         stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
         debt, ref_elapsed = self._acc["decode"]
         allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
