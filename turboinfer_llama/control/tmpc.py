@@ -567,7 +567,12 @@ class TubeMPC:
         levels are met there first."""
         seen = self._seen_for(phase)
         if tpl.safe_seen == seen:  # tabulated with these (the C pass)
-            return CautiousTables(*tpl.safe)
+            if phase == "prefill":  # the worst case is the likely case there
+                return CautiousTables(*tpl.safe)
+            # the model's energy with the worst case's time: a level not run yet is
+            # tried where the model says it saves, and only as far as its worst-case
+            # time fits the budget
+            return CautiousTables(tpl.safe[0], tpl.energy_j, tpl.safe[2], tpl.block_energy_j)
         key = (id(tpl), seen)
         got = self._cautious_cache
         if got is not None and got[0] == key and got[1] is tpl:
