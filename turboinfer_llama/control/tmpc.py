@@ -784,6 +784,13 @@ class TubeMPC:
         tpl = self._templates.get("decode")
         d_med, d_lo, d_early = self._stall_ns()
         droppable = d_lo >= s_ns and self._sample_estimate().n > 0
+        if droppable:
+            # a stall that ends before its raise lands slows the next graph's start:
+            # drop only where the slack earned so far plus the next graph's own covers
+            # that (at slack 0, never)
+            debt, ref_elapsed = self._acc["decode"]
+            ref_1 = self._last_ref_ns.get("decode", 0.0) + d_med
+            droppable = self.slack * (ref_elapsed + ref_1) - debt >= d_early * self._max_slowdown
         if tpl is None or self.probe_due("decode"):
             # nothing to predict from yet, or the reference's top-level probe is due:
             # the graph at the top level, the stalls around it still at the bottom
