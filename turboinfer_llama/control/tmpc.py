@@ -637,7 +637,9 @@ class TubeMPC:
         cand = np.where(ok, ct.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
 
-    def _timing_risk(self, tpl: PhaseTemplate, block_ns: np.ndarray, r: float) -> np.ndarray:
+    def _timing_risk(
+        self, tpl: PhaseTemplate, block_ns: np.ndarray, r: float
+    ) -> np.ndarray | float:
         """Time a gap block's level risks through its switches landing off time. A
         block that is mostly host time (a batch's recording gap) has its raise inside
         the gap, where no ask comes: it is timed from the graph's start by the
@@ -646,12 +648,12 @@ class TubeMPC:
         much early or late slows that much of the neighbouring work by the level's
         clock ratio. Where the model times the graph well this is nothing; where it
         does not, a drop to the bottom in a 1 ms gap stops being worth its risk."""
-        if r <= 0:
-            return np.zeros_like(block_ns)
+        gap = tpl.gap_blocks
+        if r <= 0 or gap is None:  # no measured gaps (graph granularity): no such block
+            return 0.0
         top_t = block_ns[:, self.top]
-        host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])
         start = np.cumsum(top_t) - top_t
-        start[host_b < 0.5 * top_t] = 0.0
+        start[~gap] = 0.0
         return (r * start)[:, None] * self._clock_slowdown[None, :]
 
     def _prepare_prefill(self, tpl: PhaseTemplate, n_tokens: int) -> None:

@@ -54,6 +54,7 @@ class PhaseTemplate:
         "c_ns",
         "edges",
         "energy_j",
+        "gap_blocks",
         "graph_ns",
         "host_ns",
         "kernel_ns",
@@ -80,6 +81,7 @@ class PhaseTemplate:
         self.energy_j = self.graph_ns = np.zeros(1)
         self.safe: tuple = ()
         self.safe_seen = -1
+        self.gap_blocks: np.ndarray | None = None
 
     def tabulate(
         self,
@@ -108,6 +110,12 @@ class PhaseTemplate:
             power.idle_w, time_scale, host_ns, edges, host_node, worst, seen,
         )  # fmt: skip
         self.safe = (t.safe_graph_ns, t.safe_energy, t.safe_block_ns, t.safe_block_energy)
+        # blocks that are mostly host time (a measured gap): their raise is timed
+        self.gap_blocks = (
+            None
+            if host_node is None
+            else plan_native._block_sums(host_node, edges) > 0.5 * t.block_ns[:, -1]
+        )
         self.safe_seen = seen if worst is not None and 0 < seen < len(ratio) else 0
         self.kernel_ns = t.kernel_ns
         if host_node is None:
