@@ -251,9 +251,20 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
     if nb < 2 or min_ns <= 0:
         return levels
     lv = levels.tolist()
-    if all(x == lv[0] for x in lv):
+    if lv.count(lv[0]) == nb:
         return levels
     t = block_ns[np.arange(nb), levels].tolist()
+    # the common case first: no short run
+    prev, dur, short = lv[0], 0.0, False
+    for x, d in zip(lv, t, strict=True):
+        if x != prev:
+            if dur < min_ns:
+                short = True
+                break
+            prev, dur = x, 0.0
+        dur += d
+    if not short and dur >= min_ns:
+        return levels
     # runs as [start, end, level, duration]
     runs: list[list] = []
     for i in range(nb):
