@@ -244,59 +244,41 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
     """Per-block levels with no run of one level shorter than ``min_ns`` (predicted):
     a device takes a switch latency to land a level and holds each for a minimum
     dwell, so shorter runs would land late and push the later switches back, out of
-    place. The first short run (left to right: a graph's layers repeat, and equal runs
-    would be told apart by rounding alone) joins the neighbouring run of the higher
-    level, at the higher of the two levels: never slower than planned."""
+    place. One pass, left to right: a short run joins the next block at the higher
+    of the two levels (the last run, if short, joins the run before it the same
+    way): never slower than planned."""
     nb = len(levels)
     if nb < 2 or min_ns <= 0:
         return levels
     lv = levels.tolist()
     if lv.count(lv[0]) == nb:
         return levels
-    t = block_ns[np.arange(nb), levels].tolist()
-    # the common case first: no short run
-    prev, dur, short = lv[0], 0.0, False
-    for x, d in zip(lv, t, strict=True):
-        if x != prev:
-            if dur < min_ns:
-                short = True
-                break
-            prev, dur = x, 0.0
-        dur += d
-    if not short and dur >= min_ns:
-        return levels
-    # runs as [start, end, level, duration]
-    runs: list[list] = []
-    for i in range(nb):
-        if runs and runs[-1][2] == lv[i]:
-            runs[-1][1] = i + 1
-            runs[-1][3] += t[i]
-        else:
-            runs.append([i, i + 1, lv[i], t[i]])
-    k = 0
-    while len(runs) > 1 and k < len(runs):
-        if runs[k][3] >= min_ns:
-            k += 1
-            continue
-        left = runs[k - 1][2] if k > 0 else -1
-        right = runs[k + 1][2] if k + 1 < len(runs) else -1
-        j = k - 1 if left >= right else k + 1  # the neighbour it joins
-        a, b = (j, k) if j < k else (k, j)
-        new = max(runs[a][2], runs[b][2])
-        dur = 0.0
-        for i in range(runs[a][0], runs[b][1]):
-            if lv[i] != new:
-                lv[i] = new
-                t[i] = float(block_ns[i, new])
+    rows = block_ns.tolist()
+    t = [rows[i][x] for i, x in enumerate(lv)]
+    start, dur, changed = 0, t[0], False
+    for i in range(1, nb):
+        if lv[i] == lv[start]:
             dur += t[i]
-        runs[a : b + 1] = [[runs[a][0], runs[b][1], new, dur]]
-        # the merged run may now equal a neighbour's level: join them
-        if a + 1 < len(runs) and runs[a + 1][2] == new:
-            nxt = runs.pop(a + 1)
-            runs[a][1], runs[a][3] = nxt[1], runs[a][3] + nxt[3]
-        if a > 0 and runs[a - 1][2] == new:
-            cur = runs.pop(a)
-            runs[a - 1][1], runs[a - 1][3] = cur[1], runs[a - 1][3] + cur[3]
-            a -= 1
-        k = max(a - 1, 0)  # a join can shorten nothing, but re-check from before it
-    return np.asarray(lv, dtype=np.int64)
+            continue
+        if dur >= min_ns:
+            start, dur = i, t[i]
+            continue
+        # the run [start, i) is short: it and block i go on at the higher level
+        new = max(lv[start], lv[i])
+        if lv[start] != new:
+            for j in range(start, i):
+                lv[j], t[j] = new, rows[j][new]
+            dur = sum(t[start:i])
+        lv[i], t[i] = new, rows[i][new]
+        dur += t[i]
+        changed = True
+    while dur < min_ns and start > 0:  # the last run is short: join the one before it
+        p0 = start - 1
+        while p0 > 0 and lv[p0 - 1] == lv[start - 1]:
+            p0 -= 1
+        new = max(lv[start - 1], lv[start])
+        for j in range(p0, nb):
+            if lv[j] != new:
+                lv[j], t[j] = new, rows[j][new]
+        start, dur, changed = p0, sum(t[p0:]), True
+    return np.asarray(lv, dtype=np.int64) if changed else levels
