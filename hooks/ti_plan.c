@@ -413,3 +413,72 @@ int ti_plan_rls(const double *theta, const double *P, const double *x, double y_
 	}
 	return TI_PLAN_OK;
 }
+
+int ti_plan_dwell(const int64_t *levels_in, const double *block_ns, size_t nb, size_t n_levels,
+		  double min_ns, int64_t *levels)
+{
+	double t[TI_PLAN_MAX_BLOCKS], dur;
+	size_t i, j, start;
+	int changed = 0;
+
+	if (!levels_in || !block_ns || !levels || nb == 0 || nb > TI_PLAN_MAX_BLOCKS ||
+	    n_levels == 0 || n_levels > TI_PLAN_MAX_LEVELS)
+		return TI_PLAN_EINVAL;
+	for (i = 0; i < nb; i++) {
+		if (levels_in[i] < 0 || (size_t)levels_in[i] >= n_levels)
+			return TI_PLAN_EINVAL;
+		levels[i] = levels_in[i];
+		t[i] = block_ns[i * n_levels + (size_t)levels[i]];
+	}
+	if (nb < 2 || !(min_ns > 0.0))
+		return 0;
+	/* tmpc_solver.dwell_merge, the same operations in the same order */
+	start = 0;
+	dur = t[0];
+	for (i = 1; i < nb; i++) {
+		int64_t nw;
+
+		if (levels[i] == levels[start]) {
+			dur += t[i];
+			continue;
+		}
+		if (dur >= min_ns) {
+			start = i;
+			dur = t[i];
+			continue;
+		}
+		nw = levels[start] > levels[i] ? levels[start] : levels[i];
+		if (levels[start] != nw) {
+			for (j = start; j < i; j++) {
+				levels[j] = nw;
+				t[j] = block_ns[j * n_levels + (size_t)nw];
+			}
+			dur = 0.0;
+			for (j = start; j < i; j++)
+				dur += t[j];
+		}
+		levels[i] = nw;
+		t[i] = block_ns[i * n_levels + (size_t)nw];
+		dur += t[i];
+		changed = 1;
+	}
+	while (dur < min_ns && start > 0) {
+		size_t p0 = start - 1;
+		int64_t nw = levels[start - 1] > levels[start] ? levels[start - 1] : levels[start];
+
+		while (p0 > 0 && levels[p0 - 1] == levels[start - 1])
+			p0--;
+		for (j = p0; j < nb; j++) {
+			if (levels[j] != nw) {
+				levels[j] = nw;
+				t[j] = block_ns[j * n_levels + (size_t)nw];
+			}
+		}
+		start = p0;
+		dur = 0.0;
+		for (j = p0; j < nb; j++)
+			dur += t[j];
+		changed = 1;
+	}
+	return changed;
+}

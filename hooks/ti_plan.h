@@ -124,6 +124,16 @@ TI_API int ti_plan_block_levels(const double *block_energy, const double *block_
 				size_t n_prices, double cap_ns, int64_t *levels, double *used_ns);
 
 /*
+ * Per-block levels with no run of one level shorter than min_ns
+ * (tmpc_solver.dwell_merge, the same operations in the same order): one pass left to
+ * right, a short run joins the next block at the higher of the two levels; a short
+ * last run joins the run before it. levels_in, levels: nb values; block_ns:
+ * [nb][n_levels]. Returns 1 when a level changed, 0 when not, < 0 on bad arguments.
+ */
+TI_API int ti_plan_dwell(const int64_t *levels_in, const double *block_ns, size_t nb,
+			 size_t n_levels, double min_ns, int64_t *levels);
+
+/*
  * One step of recursive least squares with forgetting on the time model
  * (model.PhaseModel.update): regressors x (TI_PLAN_THETA) took y_ns, the row scaled by
  * 1 / y_ns; theta is bounded to [th_min, th_max] and the covariance's trace to

@@ -229,3 +229,19 @@ def test_rls_matches_numpy_over_a_run(seed, forget):
     theta = state[True][0]
     assert (theta >= th_min).all() and (theta <= 20.0).all()
     assert np.trace(state[True][1]) <= 1.65 + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 100_000),
+    nb=st.integers(1, 40),
+    n_lv=st.integers(1, 12),
+    min_ns=st.floats(0.0, 3e6),
+)
+def test_dwell_matches_python(seed, nb, n_lv, min_ns):
+    rng = np.random.default_rng(seed)
+    block_ns = np.sort(rng.uniform(0.01e6, 1.5e6, (nb, n_lv)), axis=1)[:, ::-1].copy()
+    levels = rng.integers(0, n_lv, nb)
+    got = solver.dwell_merge(levels, block_ns, min_ns, native=True)
+    ref = solver.dwell_merge(levels, block_ns, min_ns, native=False)
+    assert list(got) == list(ref)

@@ -60,6 +60,7 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
             ("ti_plan_horizon", rc, [vp, vp, sz, sz, vp, dbl, dbl, vp, vp]),
             ("ti_plan_block_levels", rc, [vp, vp, sz, sz, vp, sz, dbl, vp, vp]),
             ("ti_plan_rls", rc, [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]),
+            ("ti_plan_dwell", rc, [vp, vp, sz, sz, dbl, vp]),
         ]:  # fmt: skip
             fn = getattr(lib, name)
             fn.restype = restype
@@ -453,6 +454,22 @@ def block_levels(
     if rc < 0:
         raise ValueError(f"ti_plan_block_levels rejected its arguments ({rc})")
     return (levels, float(used.value)) if rc == 1 else None
+
+
+def dwell(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.ndarray | None:
+    """``tmpc_solver.dwell_merge`` in C: the levels (the input array itself when none
+    changed), or None where the library is missing or the table too large (the caller
+    runs the Python twin)."""
+    nb, n_lv = block_ns.shape
+    if not NATIVE or _LIB is None or nb > 256 or n_lv > MAX_LEVELS or nb != len(levels):
+        return None
+    lv = np.ascontiguousarray(levels, dtype=np.int64)
+    t = _f64(block_ns)
+    out = np.empty(nb, dtype=np.int64)
+    rc = _LIB.ti_plan_dwell(_ptr(lv), _ptr(t), nb, n_lv, float(min_ns), _ptr(out))
+    if rc < 0:
+        raise ValueError(f"ti_plan_dwell rejected its arguments ({rc})")
+    return out if rc == 1 else levels
 
 
 def rls_step(

@@ -240,21 +240,39 @@ def block_levels(
     return a, float(block_ns[rows, a].sum())
 
 
-def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.ndarray:
+def dwell_merge(
+    levels: np.ndarray, block_ns: np.ndarray, min_ns: float, *, native: bool = True
+) -> np.ndarray:
     """Per-block levels with no run of one level shorter than ``min_ns`` (predicted):
     a device takes a switch latency to land a level and holds each for a minimum
     dwell, so shorter runs would land late and push the later switches back, out of
     place. One pass, left to right: a short run joins the next block at the higher
     of the two levels (the last run, if short, joins the run before it the same
-    way): never slower than planned."""
+    way): never slower than planned. ``native``: the C twin (``hooks/ti_plan.c``)
+    where built."""
+    if native:
+        got = plan_native.dwell(levels, block_ns, min_ns)
+        if got is not None:
+            return got
     nb = len(levels)
     if nb < 2 or min_ns <= 0:
         return levels
     lv = levels.tolist()
     if lv.count(lv[0]) == nb:
         return levels
-    rows = block_ns.tolist()
-    t = [rows[i][x] for i, x in enumerate(lv)]
+    t = block_ns[np.arange(nb), levels].tolist()
+    # the common case first: no short run (a whole pass, no change)
+    start, dur = 0, t[0]
+    for i in range(1, nb):
+        if lv[i] != lv[start]:
+            if dur < min_ns:
+                break
+            start, dur = i, 0.0
+        dur += t[i]
+    else:
+        if dur >= min_ns:
+            return levels
+    at = block_ns.item  # a block's time at a level
     start, dur, changed = 0, t[0], False
     for i in range(1, nb):
         if lv[i] == lv[start]:
@@ -267,9 +285,9 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
         new = max(lv[start], lv[i])
         if lv[start] != new:
             for j in range(start, i):
-                lv[j], t[j] = new, rows[j][new]
+                lv[j], t[j] = new, at(j, new)
             dur = sum(t[start:i])
-        lv[i], t[i] = new, rows[i][new]
+        lv[i], t[i] = new, at(i, new)
         dur += t[i]
         changed = True
     while dur < min_ns and start > 0:  # the last run is short: join the one before it
@@ -279,6 +297,6 @@ def dwell_merge(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.n
         new = max(lv[start - 1], lv[start])
         for j in range(p0, nb):
             if lv[j] != new:
-                lv[j], t[j] = new, rows[j][new]
+                lv[j], t[j] = new, at(j, new)
         start, dur, changed = p0, sum(t[p0:]), True
     return np.asarray(lv, dtype=np.int64) if changed else levels
