@@ -151,8 +151,11 @@ int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *starts_ns,
 int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		     const double *ratio, const double *coupling, const double *busy_w,
 		     const double *idle_w, size_t n_levels, double time_scale,
-		     double host_ns, const int64_t *edges, size_t n_blocks, double *kernel_ns,
-		     double *graph_ns, double *energy, double *block_ns, double *block_energy)
+		     double host_ns, const double *block_host, const int64_t *edges,
+		     size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
+		     double *block_ns, double *block_energy, const double *worst, size_t seen,
+		     double *safe_graph_ns, double *safe_energy, double *safe_block_ns,
+		     double *safe_block_energy)
 {
 	size_t i, l, blk;
 	double launches = 0.0, per_launch, floor_unit;
@@ -164,6 +167,9 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		return TI_PLAN_EINVAL;
 	if (edges[0] != 0 || edges[n_blocks] != (int64_t)nodes->n)
 		return TI_PLAN_EINVAL;
+	if (!worst || seen > n_levels - 1 || !safe_graph_ns || !safe_energy || !safe_block_ns ||
+	    !safe_block_energy)
+		seen = 0, safe_graph_ns = NULL;
 	for (blk = 0; blk < n_blocks; blk++)
 		if (edges[blk + 1] <= edges[blk])
 			return TI_PLAN_EINVAL;
@@ -202,7 +208,24 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 				bn[l] += row[l];
 			}
 		}
-		host_share = block_launch * per_launch;
+		host_share = block_host ? block_host[blk] : block_launch * per_launch;
+		if (safe_graph_ns) {
+			/* the levels below `seen` at their worst case: the top level's kernel
+			 * time times worst[l], never less than the model's */
+			double *sn = safe_block_ns + blk * n_levels;
+			double *se = safe_block_energy + blk * n_levels;
+			double top_k = bn[n_levels - 1];
+
+			for (l = 0; l < n_levels; l++) {
+				double k = bn[l];
+
+				if (l < seen && top_k * worst[l] > k)
+					k = top_k * worst[l];
+				safe_graph_ns[l] = (blk ? safe_graph_ns[l] : 0.0) + k;
+				se[l] = busy_w[l] * k + idle_w[l] * host_share;
+				sn[l] = k + host_share;
+			}
+		}
 		for (l = 0; l < n_levels; l++) {
 			graph_ns[l] += bn[l];
 			be[l] = busy_w[l] * bn[l] + idle_w[l] * host_share;
@@ -212,6 +235,10 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 	for (l = 0; l < n_levels; l++) {
 		energy[l] = busy_w[l] * graph_ns[l] + idle_w[l] * host_ns;
 		graph_ns[l] += host_ns;
+		if (safe_graph_ns) {
+			safe_energy[l] = busy_w[l] * safe_graph_ns[l] + idle_w[l] * host_ns;
+			safe_graph_ns[l] += host_ns;
+		}
 	}
 	return TI_PLAN_OK;
 }
@@ -385,4 +412,73 @@ int ti_plan_rls(const double *theta, const double *P, const double *x, double y_
 			P_out[i] *= scale;
 	}
 	return TI_PLAN_OK;
+}
+
+int ti_plan_dwell(const int64_t *levels_in, const double *block_ns, size_t nb, size_t n_levels,
+		  double min_ns, int64_t *levels)
+{
+	double t[TI_PLAN_MAX_BLOCKS], dur;
+	size_t i, j, start;
+	int changed = 0;
+
+	if (!levels_in || !block_ns || !levels || nb == 0 || nb > TI_PLAN_MAX_BLOCKS ||
+	    n_levels == 0 || n_levels > TI_PLAN_MAX_LEVELS)
+		return TI_PLAN_EINVAL;
+	for (i = 0; i < nb; i++) {
+		if (levels_in[i] < 0 || (size_t)levels_in[i] >= n_levels)
+			return TI_PLAN_EINVAL;
+		levels[i] = levels_in[i];
+		t[i] = block_ns[i * n_levels + (size_t)levels[i]];
+	}
+	if (nb < 2 || !(min_ns > 0.0))
+		return 0;
+	/* tmpc_solver.dwell_merge, the same operations in the same order */
+	start = 0;
+	dur = t[0];
+	for (i = 1; i < nb; i++) {
+		int64_t nw;
+
+		if (levels[i] == levels[start]) {
+			dur += t[i];
+			continue;
+		}
+		if (dur >= min_ns) {
+			start = i;
+			dur = t[i];
+			continue;
+		}
+		nw = levels[start] > levels[i] ? levels[start] : levels[i];
+		if (levels[start] != nw) {
+			for (j = start; j < i; j++) {
+				levels[j] = nw;
+				t[j] = block_ns[j * n_levels + (size_t)nw];
+			}
+			dur = 0.0;
+			for (j = start; j < i; j++)
+				dur += t[j];
+		}
+		levels[i] = nw;
+		t[i] = block_ns[i * n_levels + (size_t)nw];
+		dur += t[i];
+		changed = 1;
+	}
+	while (dur < min_ns && start > 0) {
+		size_t p0 = start - 1;
+		int64_t nw = levels[start - 1] > levels[start] ? levels[start - 1] : levels[start];
+
+		while (p0 > 0 && levels[p0 - 1] == levels[start - 1])
+			p0--;
+		for (j = p0; j < nb; j++) {
+			if (levels[j] != nw) {
+				levels[j] = nw;
+				t[j] = block_ns[j * n_levels + (size_t)nw];
+			}
+		}
+		start = p0;
+		dur = 0.0;
+		for (j = p0; j < nb; j++)
+			dur += t[j];
+		changed = 1;
+	}
+	return changed;
 }

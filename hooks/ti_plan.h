@@ -77,17 +77,26 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
  * idle_w per level; edges: n_blocks + 1 node ordinals (0 = edges[0] < ... =
  * edges[n_blocks] = n). Each node's kernel time at level l is
  * max(max(a, b) + th_x min(a, b), th_o launch 1 us) with a = c th_c ratio[l],
- * b = m (th_m + th_d coupling[l]), times time_scale; host_ns is shared out by launches.
+ * b = m (th_m + th_d coupling[l]), times time_scale; host_ns (the graph's host time) is
+ * placed in the blocks as block_host gives (n_blocks values summing to host_ns: the
+ * measured gaps before each block's nodes), or shared out by launches where block_host
+ * is NULL.
  *
  * Out (row-major): kernel_ns[n][n_levels]; graph_ns[n_levels], energy[n_levels]
  * (W x ns); block_ns[n_blocks][n_levels], block_energy[n_blocks][n_levels].
+ * With worst (n_levels values) and the safe_* outputs (same shapes as graph_ns,
+ * energy, block_ns, block_energy): the same tables with each block's kernel time at
+ * the levels below `seen` raised to at least its top-level kernel time times
+ * worst[l] (tmpc's cautious tables for levels not run yet); seen 0 copies them.
  */
 TI_API int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			    const double *ratio, const double *coupling, const double *busy_w,
 			    const double *idle_w, size_t n_levels, double time_scale,
-			    double host_ns, const int64_t *edges, size_t n_blocks,
-			    double *kernel_ns, double *graph_ns, double *energy,
-			    double *block_ns, double *block_energy);
+			    double host_ns, const double *block_host, const int64_t *edges,
+			    size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
+			    double *block_ns, double *block_energy, const double *worst,
+			    size_t seen, double *safe_graph_ns, double *safe_energy,
+			    double *safe_block_ns, double *safe_block_energy);
 
 /*
  * The cheapest combination of per-graph levels over a horizon of n_seg graphs
@@ -113,6 +122,16 @@ TI_API int ti_plan_horizon(const double *energy, const double *time_ns, size_t n
 TI_API int ti_plan_block_levels(const double *block_energy, const double *block_ns,
 				size_t n_blocks, size_t n_levels, const double *prices,
 				size_t n_prices, double cap_ns, int64_t *levels, double *used_ns);
+
+/*
+ * Per-block levels with no run of one level shorter than min_ns
+ * (tmpc_solver.dwell_merge, the same operations in the same order): one pass left to
+ * right, a short run joins the next block at the higher of the two levels; a short
+ * last run joins the run before it. levels_in, levels: nb values; block_ns:
+ * [nb][n_levels]. Returns 1 when a level changed, 0 when not, < 0 on bad arguments.
+ */
+TI_API int ti_plan_dwell(const int64_t *levels_in, const double *block_ns, size_t nb,
+			 size_t n_levels, double min_ns, int64_t *levels);
 
 /*
  * One step of recursive least squares with forgetting on the time model

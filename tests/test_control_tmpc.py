@@ -5,10 +5,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from turboinfer_llama.accounting import phone_segments
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
 from turboinfer_llama.control.tmpc import TubeMPC
+from turboinfer_llama.control.tmpc_solver import _edges, _gap_edges, dwell_merge
 from turboinfer_llama.control.tmpc_solver import level_combinations as _combos
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 
@@ -64,3 +66,55 @@ def test_horizon_must_be_three_to_six_segments():
 
     with pytest.raises(ValueError, match=r"3\.\.6"):
         TubeMPC([1, 2], horizon=8)
+
+
+def test_dwell_merge_leaves_no_run_shorter_than_a_switch_latency_and_never_slows():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        nb, n_lv = int(rng.integers(1, 30)), int(rng.integers(2, 8))
+        # faster at higher levels, as a device's table
+        block_ns = np.sort(rng.uniform(0.05e6, 1.5e6, (nb, n_lv)), axis=1)[:, ::-1].copy()
+        levels = rng.integers(0, n_lv, nb)
+        min_ns = float(rng.uniform(0.1e6, 1.0e6))
+        got = dwell_merge(levels, block_ns, min_ns)
+        assert (got >= levels).all()  # only ever a higher level: never slower
+        # every run but a whole graph of one level lasts at least min_ns
+        starts = [0] + [i for i in range(1, nb) if got[i] != got[i - 1]]
+        ends = [*starts[1:], nb]
+        if len(starts) > 1:
+            for a, b in zip(starts, ends, strict=True):
+                assert block_ns[np.arange(a, b), got[a:b]].sum() >= min_ns
+    # a short dip between two long runs joins the higher neighbour
+    block_ns = np.array([[2e6, 1e6], [0.2e6, 0.1e6], [2e6, 1e6]])
+    assert list(dwell_merge(np.array([1, 0, 1]), block_ns, 0.5e6)) == [1, 1, 1]
+    assert list(dwell_merge(np.array([1, 0, 1]), block_ns, 0.1e6)) == [1, 0, 1]
+
+
+def test_gap_edges_give_each_large_host_gap_a_block_of_its_own():
+    n = 500
+    host = np.zeros(n)
+    host[[100, 201, 350]] = 800e3  # batch recording gaps
+    host[7] = 1e3  # a small one: no block of its own
+    edges = _gap_edges(n, host)
+    assert edges[0] == 0 and edges[-1] == n and (np.diff(edges) > 0).all()
+    for g in (100, 201, 350):
+        assert g in edges and g + 1 in edges
+    assert 7 not in edges and 8 not in edges
+    assert list(_gap_edges(n, np.zeros(n))) == list(_edges(n))
+
+
+def test_tmpc_places_host_time_at_the_measured_gaps():
+    # kernel granularity with batch-recording gaps (Vulkan-like, ~100 nodes a batch)
+    trace = phone_segments(
+        make_trace(requests=1, decode_tokens=6, prompt_tokens=8, model="gemma-3-270m"), PROFILE
+    )
+    dev = SimGpu(PROFILE)
+    ctl = make_controller("tmpc", latency_slack=SLACK, **for_device(dev))
+    replay(trace, ctl, dev, granularity="kernel")
+    tpl = ctl._templates["decode"]
+    # where the simulated phone host records a batch, the template puts its host time
+    gaps = PROFILE.host_gaps_ns(int(tpl.launch.sum()))
+    assert gaps.sum() > 0
+    big = np.nonzero(tpl.host_ns > 0.5 * gaps.max())[0]
+    assert len(big) >= 2
+    assert tpl.host_ns[big].sum() > 0.8 * tpl.host_ns.sum()

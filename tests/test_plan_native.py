@@ -90,8 +90,9 @@ def test_observe_matches_numpy(seed, n, n_sw, strided, coupled, zero_share):
     strided=st.booleans(),
     time_scale=st.floats(0.3, 3.0),
     host_ns=st.floats(0.0, 5e6),
+    placed=st.booleans(),
 )
-def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns):
+def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed):
     c, m, launch = _graph(seed, n, strided)
     rng = np.random.default_rng(seed)
     theta = rng.uniform([0.3, 0.3, 0.05, 0.5, 0], [3, 3, 1, 8, 2])
@@ -99,10 +100,43 @@ def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns):
     coupling = np.linspace(0.8, 0.0, len(LEVELS))
     busy, idle = np.linspace(0.5, 3.0, len(LEVELS)), np.linspace(0.2, 0.6, len(LEVELS))
     edges = solver._edges(n)
-    args = (c, m, launch, theta, ratio, coupling, busy, idle, time_scale, host_ns, edges)
-    got = pn.tabulate(*args, native=True)
-    ref = pn.tabulate(*args, native=False)
-    for name in ("kernel_ns", "graph_ns", "energy", "block_ns", "block_energy"):
+    host_node = None
+    if placed:  # the host time at measured gaps (a few nodes), not shared by launches
+        host_node = np.where(rng.random(n) < 0.05, rng.random(n), 0.0)
+        host_node *= host_ns / max(float(host_node.sum()), 1e-9)
+        edges = solver._gap_edges(n, host_node)
+    seen = seed % len(LEVELS)  # levels below it at their worst case (0: none)
+    worst = LEVELS[-1] / LEVELS
+    args = (c, m, launch, theta, ratio, coupling, busy, idle, time_scale, host_ns, edges, host_node)
+    got = pn.tabulate(*args, worst, seen, native=True)
+    ref = pn.tabulate(*args, worst, seen, native=False)
+    # the worst case never undercuts the model, and is the model from `seen` up
+    assert (ref.safe_block_ns >= ref.block_ns - 1e-6).all()
+    np.testing.assert_array_equal(ref.safe_block_ns[:, seen:], ref.block_ns[:, seen:])
+    if seen:
+        top_kernel = np.add.reduceat(ref.kernel_ns[:, -1], edges[:-1])
+        host_b = ref.block_ns[:, -1] - top_kernel
+        np.testing.assert_allclose(
+            ref.safe_block_ns[:, :seen] - host_b[:, None],
+            np.maximum(
+                ref.block_ns[:, :seen] - host_b[:, None], top_kernel[:, None] * worst[:seen]
+            ),
+            rtol=1e-9,
+            atol=1e-6,
+        )
+    if host_node is not None and host_ns > 0:
+        # each block carries its own nodes' host time, at every level
+        per_block = np.add.reduceat(host_node, edges[:-1])
+        np.testing.assert_allclose(
+            ref.block_ns - np.add.reduceat(ref.kernel_ns, edges[:-1], axis=0),
+            np.repeat(per_block[:, None], len(LEVELS), axis=1),
+            rtol=1e-9,
+            atol=1e-6,
+        )
+    for name in (
+        "kernel_ns", "graph_ns", "energy", "block_ns", "block_energy",
+        "safe_graph_ns", "safe_energy", "safe_block_ns", "safe_block_energy",
+    ):  # fmt: skip
         np.testing.assert_allclose(
             getattr(got, name), getattr(ref, name), rtol=1e-9, atol=1e-6, err_msg=name
         )
@@ -195,3 +229,19 @@ def test_rls_matches_numpy_over_a_run(seed, forget):
     theta = state[True][0]
     assert (theta >= th_min).all() and (theta <= 20.0).all()
     assert np.trace(state[True][1]) <= 1.65 + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 100_000),
+    nb=st.integers(1, 40),
+    n_lv=st.integers(1, 12),
+    min_ns=st.floats(0.0, 3e6),
+)
+def test_dwell_matches_python(seed, nb, n_lv, min_ns):
+    rng = np.random.default_rng(seed)
+    block_ns = np.sort(rng.uniform(0.01e6, 1.5e6, (nb, n_lv)), axis=1)[:, ::-1].copy()
+    levels = rng.integers(0, n_lv, nb)
+    got = solver.dwell_merge(levels, block_ns, min_ns, native=True)
+    ref = solver.dwell_merge(levels, block_ns, min_ns, native=False)
+    assert list(got) == list(ref)

@@ -55,10 +55,12 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
             ("ti_plan_observe", rc,
              [nodes, vp, vp, vp, vp, sz, vp, dbl, vp, sz, vp, vp, sz, vp, vp, vp]),
             ("ti_plan_tabulate", rc,
-             [nodes, vp, vp, vp, vp, vp, sz, dbl, dbl, vp, sz, vp, vp, vp, vp, vp]),
+             [nodes, vp, vp, vp, vp, vp, sz, dbl, dbl, vp, vp, sz, vp, vp, vp, vp, vp, vp, sz,
+              vp, vp, vp, vp]),
             ("ti_plan_horizon", rc, [vp, vp, sz, sz, vp, dbl, dbl, vp, vp]),
             ("ti_plan_block_levels", rc, [vp, vp, sz, sz, vp, sz, dbl, vp, vp]),
             ("ti_plan_rls", rc, [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]),
+            ("ti_plan_dwell", rc, [vp, vp, sz, sz, dbl, vp]),
         ]:  # fmt: skip
             fn = getattr(lib, name)
             fn.restype = restype
@@ -278,6 +280,12 @@ class Tables:
     energy: np.ndarray  # (levels,): W x ns
     block_ns: np.ndarray  # (blocks, levels)
     block_energy: np.ndarray  # (blocks, levels), W x ns
+    # the same four with the levels below ``seen`` at their worst case (the top
+    # level's kernel time times ``worst``); the very same arrays when seen is 0
+    safe_graph_ns: np.ndarray | None = None
+    safe_energy: np.ndarray | None = None
+    safe_block_ns: np.ndarray | None = None
+    safe_block_energy: np.ndarray | None = None
 
 
 def kernel_times_numpy(
@@ -300,6 +308,11 @@ def kernel_times_numpy(
     return np.maximum(hi, floor), a, b, hi, floor
 
 
+def _block_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per-node ``values`` summed per block (between ``edges``)."""
+    return np.add.reduceat(np.asarray(values, dtype=np.float64), edges[:-1])
+
+
 def tabulate(
     c_ns: np.ndarray,
     m_ns: np.ndarray,
@@ -312,12 +325,21 @@ def tabulate(
     time_scale: float,
     host_ns: float,
     edges: np.ndarray,
+    host_node: np.ndarray | None = None,
+    worst: np.ndarray | None = None,
+    seen: int = 0,
     *,
     native: bool | None = None,
 ) -> Tables:
     """Kernel time per node and level times ``time_scale``; the graph's host time
-    (level-independent) shared out by launches; whole-graph and per-block (between
-    ``edges``) time and energy per level."""
+    ``host_ns`` (level-independent) at the nodes ``host_node`` places it (per node,
+    summing to ``host_ns``: the measured gap before each node), else shared out by
+    launches; whole-graph and per-block (between ``edges``) time and energy per
+    level. With ``worst`` (per level) and ``seen`` > 0, also the safe tables: each
+    block's kernel time at the levels below ``seen`` at least its top-level kernel
+    time times ``worst``."""
+    if worst is None or not 0 < seen < len(ratio):
+        seen = 0
     n, n_lv = len(c_ns), len(ratio)
     use_c = (
         (NATIVE if native is None else native)
@@ -334,28 +356,58 @@ def tabulate(
         kernel_ns = np.empty((n, n_lv))
         graph_ns, energy = np.empty(n_lv), np.empty(n_lv)
         block_ns, block_energy = np.empty((nb, n_lv)), np.empty((nb, n_lv))
+        if host_node is not None and len(host_node) != n:
+            raise ValueError("ti_plan_tabulate: host_node needs one value per node")
+        # the blocks' host time summed here, in numpy, for the C pass and the twin alike
+        hn = None if host_node is None else _f64(_block_sums(host_node, edges))
+        safe: tuple[int | None, int, int | None, int | None, int | None, int | None]
+        if seen:
+            wo = _f64(worst)  # type: ignore[arg-type]
+            s_g, s_e = np.empty(n_lv), np.empty(n_lv)
+            s_bn, s_be = np.empty((nb, n_lv)), np.empty((nb, n_lv))
+            safe = (_ptr_kept(wo), seen, _ptr(s_g), _ptr(s_e), _ptr(s_bn), _ptr(s_be))
+        else:
+            safe = (None, 0, None, None, None, None)
         rc = _LIB.ti_plan_tabulate(
             ctypes.byref(nodes), _ptr(th), _ptr_kept(ra), _ptr_kept(co), _ptr_kept(bw),
-            _ptr_kept(iw), n_lv, float(time_scale), float(host_ns), _ptr_kept(ed), nb,
+            _ptr_kept(iw), n_lv, float(time_scale), float(host_ns),
+            None if hn is None else _ptr(hn), _ptr_kept(ed), nb,
             _ptr(kernel_ns), _ptr(graph_ns),
-            _ptr(energy), _ptr(block_ns), _ptr(block_energy),
+            _ptr(energy), _ptr(block_ns), _ptr(block_energy), *safe,
         )  # fmt: skip
         del keep
         if rc != 0:
             raise ValueError(f"ti_plan_tabulate rejected its arguments ({rc})")
-        return Tables(kernel_ns, graph_ns, energy, block_ns, block_energy)
+        if seen:
+            return Tables(kernel_ns, graph_ns, energy, block_ns, block_energy, s_g, s_e, s_bn, s_be)
+        return Tables(
+            kernel_ns, graph_ns, energy, block_ns, block_energy,
+            graph_ns, energy, block_ns, block_energy,
+        )  # fmt: skip
     k = kernel_times_numpy(c_ns, m_ns, launch, theta, ratio, coupling)[0] * time_scale
-    per_launch = host_ns / max(float(launch.sum()), 1.0)
     graph_kernel_ns = k.sum(axis=0)
     ck = np.add.reduceat(k, edges[:-1], axis=0)
-    ch = (np.add.reduceat(launch, edges[:-1]) * per_launch)[:, None]
+    if host_node is None:
+        per_launch = host_ns / max(float(launch.sum()), 1.0)
+        ch = (np.add.reduceat(launch, edges[:-1]) * per_launch)[:, None]
+    else:
+        ch = _block_sums(host_node, edges)[:, None]
+    graph_ns, energy = graph_kernel_ns + host_ns, busy_w * graph_kernel_ns + idle_w * host_ns
+    block_ns, block_energy = ck + ch, busy_w * ck + idle_w * ch
+    if not seen:
+        return Tables(
+            k, graph_ns, energy, block_ns, block_energy, graph_ns, energy, block_ns, block_energy
+        )
+    cks = ck.copy()
+    cks[:, :seen] = np.maximum(ck[:, :seen], ck[:, -1:] * np.asarray(worst)[:seen])
+    # summed block by block, as the C pass does
+    safe_k = np.zeros(len(ratio))
+    for row in cks:
+        safe_k += row
     return Tables(
-        k,
-        graph_kernel_ns + host_ns,
-        busy_w * graph_kernel_ns + idle_w * host_ns,
-        ck + ch,
-        busy_w * ck + idle_w * ch,
-    )
+        k, graph_ns, energy, block_ns, block_energy,
+        safe_k + host_ns, busy_w * safe_k + idle_w * host_ns, cks + ch, busy_w * cks + idle_w * ch,
+    )  # fmt: skip
 
 
 def horizon(
@@ -402,6 +454,22 @@ def block_levels(
     if rc < 0:
         raise ValueError(f"ti_plan_block_levels rejected its arguments ({rc})")
     return (levels, float(used.value)) if rc == 1 else None
+
+
+def dwell(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.ndarray | None:
+    """``tmpc_solver.dwell_merge`` in C: the levels (the input array itself when none
+    changed), or None where the library is missing or the table too large (the caller
+    runs the Python twin)."""
+    nb, n_lv = block_ns.shape
+    if not NATIVE or _LIB is None or nb > 256 or n_lv > MAX_LEVELS or nb != len(levels):
+        return None
+    lv = np.ascontiguousarray(levels, dtype=np.int64)
+    t = _f64(block_ns)
+    out = np.empty(nb, dtype=np.int64)
+    rc = _LIB.ti_plan_dwell(_ptr(lv), _ptr(t), nb, n_lv, float(min_ns), _ptr(out))
+    if rc < 0:
+        raise ValueError(f"ti_plan_dwell rejected its arguments ({rc})")
+    return out if rc == 1 else levels
 
 
 def rls_step(

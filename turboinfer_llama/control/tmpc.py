@@ -26,10 +26,17 @@ had not run, it misjudged the default by 3-34% and the budget overshot 2-5x. The
 price of the top-level reference: where the default is slower than the top clock,
 that slowness is not spent -- the hindsight ``static-best``/``phase`` can spend it.)
 
-Safe exploration (``_lowest_allowed``): a plan goes at most one level below the lowest
-level the phase has run at, and only when the slack already earned covers that step's
-worst case; the slack a plan may spend is what has been earned plus the next graph's
-own, never the horizon's later graphs' (a run can end after any graph).
+Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
+graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
+case -- each block's top-level kernel time times the clock ratio (or the published
+DRAM slowdown, where larger), never less than the model says -- so a plan spends on
+a level it has not measured only what it could afford were that level as slow as
+clock scaling makes it. Blocks that are mostly host time (a batch's recording gap)
+cost little even at the worst case, so low levels are met there first. (A one-level
+staircase was used before: on the simulated adreno650 it stopped at 490 MHz, the
+level where the DDR vote drops, and never reached 305 MHz.) The slack a plan may
+spend is what has been earned plus the next graph's own, never the horizon's later
+graphs' (a run can end after any graph).
 
 The plan for the next graph (``_plan_next``), solved at the end of a graph, i.e. at
 the start of the sampling stall:
@@ -54,7 +61,19 @@ the start of the sampling stall:
   the horizon leaves it (``tmpc_solver.block_levels``). Block switches are keyed by
   node ordinal where the callback sees node boundaries during compute (``layer``,
   ``kernel``), else by time offset from the graph's first kernel (``graph``), and
-  issued one switch latency early.
+  issued one switch latency early; a switch that must be issued inside a host gap
+  (no ask comes there) is timed, and so is the one before it (else a graph slower
+  than planned fires the timed raise before the node-keyed drop it undoes). No run
+  of one level is shorter than a switch latency (``dwell_merge``): a device lands
+  one level at a time, and a shorter run pushes every later switch out of place.
+  Where the callback saw every completion, the graph's host time sits at the
+  measured gaps (a backend recording the next batch leaves the GPU idle between
+  batches), each large gap a block of its own: the plan drops the clock there.
+* Prompts: a per-block plan for the next prompt, made after each prompt graph from
+  its template with every level below the top at its worst case (the next prompt's
+  length is unknown: a long one is compute-bound where a short one was not), scaled
+  to the prompt's length at its DECODE_BEGIN. The stall after a prompt (the first
+  sampling) is forecast apart from the decode's.
 * Stalls cost no latency, so their level has a closed form: the bottom level when the
   stall's lower bound is longer than the switch latency -- the drop at the graph's end,
   the raise one switch latency before the stall's lower-bound end -- else the next
@@ -67,24 +86,31 @@ the start of the sampling stall:
 
 A phase with no template yet (the first prefill, the first decode graph) runs at the
 top level: it cannot be followed node by node from Python, and it must not fall
-behind the default governor.
+behind the default governor. Its stalls, and a probe's, still drop to the bottom.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from . import plan_native
-from .forecast import Forecaster, StallStats
+from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
 from .reference import ShadowParams
-from .tmpc_solver import PhaseTemplate, block_levels, level_combinations, solve_horizon
+from .tmpc_solver import (
+    PhaseTemplate,
+    block_levels,
+    dwell_merge,
+    level_combinations,
+    solve_horizon,
+)
 
 _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # every this many graphs of a phase, one runs wholly at the top level: its measured
@@ -95,6 +121,18 @@ PROBES_KEPT = 3  # the reference is the median of this many recent probes
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
 # a plan teaches the gain when it planned at least this slowdown (share of the top)
 GAIN_MIN_PLANNED = 0.005
+# a level counts as run (its time measured, see TubeMPC._cautious) once a graph spent
+# this share of its kernel time there
+SEEN_SHARE = 0.1
+
+
+class CautiousTables(NamedTuple):
+    """A template's tables with the levels not run yet at their worst case."""
+
+    graph_ns: np.ndarray
+    energy_j: np.ndarray
+    block_ns: np.ndarray
+    block_energy_j: np.ndarray
 
 
 class TubeMPC:
@@ -135,6 +173,11 @@ class TubeMPC:
         self.combos, self.changes = level_combinations(self.n_levels, self.n_compute)
         first_change = self.combos[:, 0][None, :] != np.arange(self.n_levels)[:, None]
         self.switch_count = self.changes[None, :] + first_change  # per current level
+        # among plans equal but for their order (the horizon's graphs are alike), the
+        # one with the faster first graph: a run can end after any graph; and a tie
+        # told apart by rounding would make the C and numpy passes disagree (W x ns,
+        # far below any real difference and far above rounding)
+        self._order_pref = 1e-3 * (self.top - self.combos[:, 0]).astype(np.float64)
         self.gain = feedback_gain
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
         self._templates: dict[str, PhaseTemplate] = {}
@@ -151,8 +194,16 @@ class TubeMPC:
         # regressors, host ns); graphs since the last, per phase
         self._top_probe: dict[str, deque[tuple[float, np.ndarray, float]]] = {}
         # per phase: the lowest level a graph has spent a good share of its time at;
-        # plans go at most one level below it (a level's time is known once run)
+        # levels below it enter the solve at their worst case (see _cautious)
         self._lowest_seen: dict[str, int] = {}
+        # worst slowdown of a level the phase has not run at: the clock ratio, or the
+        # published DRAM slowdown where larger (see _cautious)
+        worst = self.levels_hz[-1] / self.levels_hz
+        if self.power.mem_slowdown is not None:
+            worst = np.maximum(worst, np.asarray(self.power.mem_slowdown, dtype=np.float64))
+        self._worst_ratio = worst
+        self._clock_slowdown = self.levels_hz[-1] / self.levels_hz - 1.0
+        self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
         # (c_ns, m_ns, launch, cumulative cost share) of the last graph shape
@@ -165,7 +216,11 @@ class TubeMPC:
         # measured / (gain x planned) slowdown of recent plans: its upper quantile widens
         # the tube where the gain alone has not been enough
         self._gain_err = StallStats(window=32, quantile=tube_quantile, prior_ns=1.0)
-        self._last_graph_phase = "idle"
+        self._after_prefill = StallStats(window=16, quantile=tube_quantile)
+        # the next prompt's plan, made off the engine thread after each prompt graph:
+        # (template, its tokens, per-block levels, switches at the template's length,
+        # predicted ns, margin ns)
+        self._prefill_next: tuple[PhaseTemplate, int, list[Switch], int, float, float] | None = None
         # latency (debt, reference elapsed) per phase: prefill per request (TTFT),
         # decode over every request of the run (TPOT is a mean over the run)
         self._acc = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
@@ -251,6 +306,8 @@ class TubeMPC:
         k = ev.kind
         if k is EventKind.DECODE_BEGIN:
             self.phase = "prefill" if ev.n_tokens > 1 else "decode"
+            if self.phase == "prefill":
+                return self._prefill_plan(ev.n_tokens)
             return None
         if k is EventKind.REQUEST_BEGIN:
             self._req_begins.append(ev.t_ns)
@@ -281,7 +338,14 @@ class TubeMPC:
                 self.forecast.observe(StallKind.IDLE, begins[-1] - idle_from)
             self._reset_request()
         elif prev is not None:
-            self._stall(StallKind.SAMPLE, b.t_begin_ns - prev, self._prev_phase)
+            dur = b.t_begin_ns - prev
+            if self._prev_phase == "prefill" and dur >= 0:
+                # the stall after a prompt (the first sampling, a client's first
+                # token out) is its own kind: longer than the decode's
+                self._after_prefill.update(dur)
+                self._account(self._prev_phase, dur, dur)
+            else:
+                self._stall(StallKind.SAMPLE, dur, self._prev_phase)
         del self._req_begins[:-4], self._req_ends[:-4]
 
     def plan(self, now_ns: int) -> list:
@@ -316,6 +380,26 @@ class TubeMPC:
         starts[0] = float(b.t_first_ns)
         starts[1:] = ends[:-1]
         return starts, ends
+
+    @staticmethod
+    def _host_gaps(b: GraphBatch, host_ns: float) -> np.ndarray | None:
+        """Where the graph's host time sits: the measured gap before each node (from the
+        previous node's completion to its ask) scaled to ``host_ns``, where the callback
+        saw every completion (``layer``/``kernel``); None otherwise (shared out by
+        launches). A backend that records and submits nodes in batches leaves the GPU
+        idle at the batch boundaries: a plan that knows where can drop the clock there
+        and need not mistake the gap for a slow block."""
+        if b.granularity == "graph" or b.n < 2 or host_ns <= 0 or not (b.done_ns >= 0).all():
+            return None
+        gaps = np.empty(b.n)
+        gaps[0] = 0.0
+        np.subtract(b.ask_ns[1:], b.done_ns[:-1], out=gaps[1:])
+        np.maximum(gaps, 0.0, out=gaps)
+        total = float(gaps.sum())
+        if total <= 0:
+            return None
+        gaps *= host_ns / total
+        return gaps
 
     def _weight_share(self, b: GraphBatch) -> np.ndarray:
         """Cumulative share of the graph's cost weight at each node's end, kept while
@@ -385,12 +469,17 @@ class TubeMPC:
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
             _, ratio, coupling = pm.level_terms(self.levels_hz)
-            g.tabulate(pm.theta_now(), ratio, coupling, host, self.power, ts)
+            g.tabulate(
+                pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host),
+                self._worst_ratio, self._seen_for(phase),
+            )  # fmt: skip
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
             ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
+            if phase == "prefill":
+                self._prepare_prefill(g, b.n_tokens)
         else:
             ref = measured
         self._account(phase, measured, ref)
@@ -449,32 +538,64 @@ class TubeMPC:
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
 
     def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
-        """Remember the lowest level this graph spent at least a quarter of its time at
-        (``level_ns``: its time per level)."""
+        """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
+        kernel time at (``level_ns``: its time per level)."""
         total = float(level_ns.sum())
         if total <= 0:
             return
-        seen = np.nonzero(level_ns >= 0.25 * total)[0]
+        seen = np.nonzero(level_ns >= SEEN_SHARE * total)[0]
         if len(seen):
             self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), int(seen[0]))
 
-    def _lowest_allowed(self, phase: str, tpl: PhaseTemplate) -> int:
-        """Safe exploration: a plan goes at most one level below the lowest level the
-        phase has been measured at, so a level's real time (GPU-DDR coupling, floors,
-        anything the model has not seen) is met one step at a time, never as a jump;
-        and only when the slack already earned covers the step's worst case (the whole
-        graph slowing by the two clocks' ratio, whatever the model predicts)."""
-        seen = self._lowest_seen.get(phase, self.top)
-        if seen == 0:
-            return 0
-        debt, ref_elapsed = self._acc[phase]
-        banked = self.slack * ref_elapsed - debt
-        # the step's worst case: twice the model's predicted slowdown, and never under
-        # a quarter of what pure clock scaling of the whole graph would cost
-        step = float(tpl.graph_ns[seen - 1] - tpl.graph_ns[seen])
-        ratio = self.levels_hz[seen] / self.levels_hz[seen - 1] - 1.0
-        worst = max(2.0 * step, 0.25 * float(tpl.graph_ns[seen]) * ratio)
-        return seen - 1 if banked >= worst else seen
+    def _seen_for(self, phase: str) -> int:
+        """The levels below this one are taken at their worst case (:meth:`_cautious`)."""
+        # a prompt's plan is made from another prompt's template (its length unknown
+        # until it arrives): a long prompt is compute-bound where a short one was not,
+        # so every level below the top is taken at its worst case there
+        return self.top if phase == "prefill" else self._lowest_seen.get(phase, self.top)
+
+    def _cautious(self, phase: str, tpl: PhaseTemplate) -> CautiousTables:
+        """The template's tables with the levels the phase has not run at yet (below
+        the lowest seen) at their worst case: each block's kernel time at the top
+        level slowed by the whole clock ratio (or the published DRAM slowdown, where
+        larger), never less than the model predicts. Safe exploration: a level's real
+        time (GPU-DDR coupling, floors, anything the model has not seen) may be worse
+        than the model says, so until the phase has run there the plans may only spend
+        on it what they could afford were it as slow as clock scaling makes it; once
+        run, the model (and the tube, the gain) take over. Blocks that are mostly host
+        time (a batch's recording gap) cost little even at the worst case, so the low
+        levels are met there first."""
+        seen = self._seen_for(phase)
+        if tpl.safe_seen == seen:  # tabulated with these (the C pass)
+            if phase == "prefill":  # the worst case is the likely case there
+                return CautiousTables(*tpl.safe)
+            # the model's energy with the worst case's time: a level not run yet is
+            # tried where the model says it saves, and only as far as its worst-case
+            # time fits the budget
+            return CautiousTables(tpl.safe[0], tpl.energy_j, tpl.safe[2], tpl.block_energy_j)
+        key = (id(tpl), seen)
+        got = self._cautious_cache
+        if got is not None and got[0] == key and got[1] is tpl:
+            return got[2]
+        block_ns, block_e = tpl.block_ns, tpl.block_energy_j
+        graph_ns, energy = tpl.graph_ns, tpl.energy_j
+        if seen > 0:
+            host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])[:, None]
+            kern_top = block_ns[:, self.top : self.top + 1] - host_b
+            low = block_ns[:, :seen]
+            worst = np.maximum(low, kern_top * self._worst_ratio[:seen] + host_b)
+            extra = worst - low  # >= 0: time the worst case adds (busy, at the level)
+            block_ns = block_ns.copy()
+            block_ns[:, :seen] = worst
+            block_e = block_e.copy()
+            block_e[:, :seen] += extra * self.power.busy_w[:seen]
+            graph_ns = graph_ns.copy()
+            graph_ns[:seen] += extra.sum(axis=0)
+            energy = energy.copy()
+            energy[:seen] = block_e[:, :seen].sum(axis=0)
+        out = CautiousTables(graph_ns, energy, block_ns, block_e)
+        self._cautious_cache = (key, tpl, out)
+        return out
 
     def probe_due(self, phase: str) -> bool:
         """A graph of ``phase`` is due to run wholly at the top level (the latency
@@ -483,28 +604,117 @@ class TubeMPC:
 
     # ---- the optimisation -----------------------------------------------------------
 
+    def _sample_estimate(self) -> StallEstimate:
+        """The sampling stall that follows the graph that just ended: after a prompt,
+        the after-prompt stalls' (where one has been seen), else the decode's."""
+        if self._prev_phase == "prefill" and self._after_prefill.estimate().n:
+            return self._after_prefill.estimate()
+        return self.forecast.estimate(StallKind.SAMPLE)
+
     def _stall_ns(self) -> tuple[float, float, float]:
         """Forecast of the next inter-graph stall (sample + submit): median, lower
         bound, and how far below the lower bound one has ended."""
-        s = self.forecast.estimate(StallKind.SAMPLE)
+        s = self._sample_estimate()
         u = self.forecast.estimate(StallKind.SUBMIT)
         early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
     def _prefill_level(self) -> int:
-        """One level for a prefill graph: the cheapest whose predicted time keeps the
-        TTFT budget against the top level's time over the last prefill's template (at
-        most one level below the lowest the prefill has run at); the top level when
-        there is no template yet (a graph with no template cannot be followed inside
-        the decode)."""
+        """The level a request starts its prompt at (the raise at REQUEST_BEGIN): the
+        prepared prompt plan's first (:meth:`_prepare_prefill`); else the cheapest
+        single level whose time, every level below the top at its worst case, keeps
+        the TTFT budget against the top level's over the last prefill's template; the
+        top level when there is no template yet (a graph with no template cannot be
+        followed inside the decode)."""
         tpl = self._templates.get("prefill")
         if tpl is None:
             return self.top
+        if self._prefill_next is not None:
+            return self._prefill_next[3]
         r = self.rel_err.estimate().upper_ns
-        ok = tpl.graph_ns * (1.0 + r) <= tpl.graph_ns[self.top] * (1.0 + self.slack)
-        ok[: self._lowest_allowed("prefill", tpl)] = False
-        cand = np.where(ok, tpl.energy_j, np.inf)
+        ct = self._cautious("prefill", tpl)
+        ok = ct.graph_ns * (1.0 + r) <= ct.graph_ns[self.top] * (1.0 + self.slack)
+        cand = np.where(ok, ct.energy_j, np.inf)
         return int(cand.argmin()) if np.isfinite(cand).any() else self.top
+
+    def _timing_risk(
+        self, tpl: PhaseTemplate, block_ns: np.ndarray, r: float
+    ) -> np.ndarray | float:
+        """Time a gap block's level risks through its switches landing off time. A
+        block that is mostly host time (a batch's recording gap) has its raise inside
+        the gap, where no ask comes: it is timed from the graph's start by the
+        predicted elapsed time, which is off by up to ``r`` (the tube's relative
+        graph-time error) of the block's start offset; a level switched into that
+        much early or late slows that much of the neighbouring work by the level's
+        clock ratio. Where the model times the graph well this is nothing; where it
+        does not, a drop to the bottom in a 1 ms gap stops being worth its risk."""
+        gap = tpl.gap_blocks
+        if r <= 0 or gap is None:  # no measured gaps (graph granularity): no such block
+            return 0.0
+        top_t = block_ns[:, self.top]
+        start = np.cumsum(top_t) - top_t
+        start[~gap] = 0.0
+        return (r * start)[:, None] * self._clock_slowdown[None, :]
+
+    def _prepare_prefill(self, tpl: PhaseTemplate, n_tokens: int) -> None:
+        """The next prompt's per-block plan, from this prompt graph's template (off the
+        engine thread; :meth:`_prefill_plan` only scales it to the prompt's length).
+        The blocks share the TTFT budget of a request that has spent none yet: the
+        cheapest per-block levels whose time fits the top level's time times ``1 +
+        slack``, tightened by the tube (``rel_err``) and with the levels the prompt
+        has not run at at their worst case (:meth:`_cautious`)."""
+        self._prefill_next = None
+        if self.planning is False or tpl.n == 0:
+            return
+        r = self.rel_err.estimate().upper_ns
+        ct = self._cautious("prefill", tpl)
+        top_t = float(ct.graph_ns[self.top])
+        cap = top_t * (1.0 + self.slack / (1.0 + r))
+        risky = ct.block_ns + self._timing_risk(tpl, ct.block_ns, r)
+        got = block_levels(ct.block_energy_j, risky, cap)
+        if got is None:
+            return
+        blocks = dwell_merge(got[0], ct.block_ns, self.switch_latency_ns)
+        used = float(risky[np.arange(len(blocks)), blocks].sum())
+        sw, predicted = self._block_switches(tpl, blocks)
+        margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
+        self._prefill_next = (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin)
+
+    def _prefill_plan(self, n_tokens: int) -> Plan | None:
+        """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
+        prepared plan with its times scaled to this prompt's length; none (the
+        request's level holds) when there is none, or when this request's prompt has
+        already fallen behind its reference (a later chunk of a long prompt)."""
+        got = self._prefill_next
+        if got is None or self._acc["prefill"][0] > 0:
+            return None
+        tpl, tokens, sw, first, predicted, margin = got
+        scale = max(int(n_tokens), 1) / tokens
+        if scale != 1.0:
+            sw = [
+                x
+                if x.anchor is Anchor.NODE and x.level >= 0
+                else Switch(
+                    x.anchor,
+                    int(x.key * scale) if x.anchor is Anchor.OFFSET else x.key,
+                    x.level,
+                    int(x.expect_ns * scale) if x.expect_ns >= 0 else -1,
+                )
+                for x in sw
+            ]
+        d_lo = self._sample_estimate().lower_ns
+        droppable = d_lo >= self.switch_latency_ns and self._after_prefill.estimate().n > 0
+        node_keyed = self.granularity in ("layer", "kernel")
+        return Plan(
+            first_level=first,
+            end_level=0 if droppable else -1,
+            fallback_level=first,
+            n_nodes=tpl.n,
+            predicted_ns=int(predicted * scale),
+            margin_ns=int(margin * scale),
+            gain=self.gain if node_keyed else 0.0,
+            switches=tuple(sw),
+        )
 
     def _checkpoints(self, tpl: PhaseTemplate, ends: np.ndarray) -> list[Switch]:
         """Feedback checkpoints, one per block the callback observes the end of (a layer,
@@ -520,31 +730,89 @@ class TubeMPC:
         for i in last[:96]:
             out.append(Switch(Anchor.NODE, int(first), -1, int(ends[i])))
             first = int(i) + 1
+        if 0 < first < tpl.n:
+            # the nodes after the last block (a model's output head) against the graph's
+            # end, not the last layer's: else every completion there looks late by the
+            # head's whole time and raises the clock as the graph ends
+            out.append(Switch(Anchor.NODE, int(first), -1, int(ends[-1])))
         return out
+
+    def _block_switches(
+        self, tpl: PhaseTemplate, blocks: np.ndarray, scale: float = 1.0
+    ) -> tuple[list[Switch], float]:
+        """The switches (and checkpoints) that run ``tpl``'s blocks at ``blocks``, and
+        the graph's predicted time; times scaled by ``scale`` (a prompt of another
+        length than the template's)."""
+        s_ns = self.switch_latency_ns
+        block_t = tpl.block_ns.ravel()[blocks + self.n_levels * np.arange(len(blocks))]
+        block_ends = np.cumsum(block_t) * scale
+        predicted = float(block_ends[-1]) if len(block_ends) else 0.0
+        changed = (np.nonzero(blocks[1:] != blocks[:-1])[0] + 1).tolist()
+        sw: list[Switch] = []
+        if self.granularity in ("layer", "kernel"):
+            # keyed by the node whose ask comes one switch latency early
+            lv_node = np.repeat(blocks, np.diff(tpl.edges))
+            node_ns = tpl.node_ns(lv_node) * scale
+            ends = np.cumsum(node_ns)
+            starts = ends - node_ns
+            t_edges = [float(starts[tpl.edges[j]]) for j in changed]
+            keys = [int(x) for x in np.searchsorted(starts, np.subtract(t_edges, s_ns))]
+            # no ask comes near when the switch must be issued (a host gap: the next
+            # ask follows the gap): timed from the graph's start. The switch before
+            # such a one is timed too: a graph running slower than planned would
+            # otherwise see the timed raise fire before the node-keyed drop it undoes
+            timed = [
+                k < tpl.n and starts[k] - (t - s_ns) > 0.25 * s_ns
+                for k, t in zip(keys, t_edges, strict=True)
+            ]
+            for i in range(len(timed) - 1):
+                timed[i] = timed[i] or timed[i + 1]
+            for j, t_edge, key, by_time in zip(changed, t_edges, keys, timed, strict=True):
+                if by_time:
+                    sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+                else:
+                    sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
+            sw.extend(self._checkpoints(tpl, ends))
+        else:
+            for j in changed:
+                t_edge = float(block_ends[j - 1])
+                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+        return sw, predicted
 
     def _plan_next(self, t_now: int) -> Plan:
         """The plan for the graph after the stall that starts at ``t_now``."""
         self.solves += 1
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
+        d_med, d_lo, d_early = self._stall_ns()
+        droppable = d_lo >= s_ns and self._sample_estimate().n > 0
+        if droppable:
+            # a stall that ends before its raise lands slows the next graph's start:
+            # drop only where the slack earned so far plus the next graph's own covers
+            # that (at slack 0, never)
+            debt, ref_elapsed = self._acc["decode"]
+            ref_1 = self._last_ref_ns.get("decode", 0.0) + d_med
+            droppable = self.slack * (ref_elapsed + ref_1) - debt >= d_early * self._max_slowdown
         if tpl is None or self.probe_due("decode"):
-            # nothing to predict from yet, or the reference's top-level probe is due
+            # nothing to predict from yet, or the reference's top-level probe is due:
+            # the graph at the top level, the stalls around it still at the bottom
+            # (raised one switch latency before the shortest stall seen ends: a probe
+            # must run wholly at the top)
             lv = self.top
+            d_min = d_lo - d_early
+            t_raise = t_now + int(d_min) - s_ns if droppable and d_min >= s_ns else t_now
             return Plan(
-                first_level=lv, fallback_level=lv, switches=(Switch(Anchor.TIME, t_now, lv),)
+                first_level=lv,
+                end_level=0 if droppable else -1,
+                fallback_level=lv,
+                switches=(Switch(Anchor.TIME, t_raise, lv),),
             )
         nc, idle_w = self.n_compute, self.power.idle_w
-        d_med, d_lo, d_early = self._stall_ns()
-        droppable = d_lo >= s_ns and self.forecast.estimate(StallKind.SAMPLE).n > 0
         ref_lvl = self.top
         stall_e = idle_w * (d_med - d_lo) if droppable else idle_w * d_med
-        energy_1 = tpl.energy_j + stall_e
-        lowest = self._lowest_allowed("decode", tpl)
-        block_e = tpl.block_energy_j
-        if lowest:
-            energy_1[:lowest] = np.inf
-            block_e = block_e.copy()
-            block_e[:, :lowest] = np.inf
+        ct = self._cautious("decode", tpl)
+        energy_1 = ct.energy_j + stall_e
+        block_e = ct.block_energy_j
         # every graph of the horizon has the template's tables
         energy = energy_1[None].repeat(nc, 0)
         # plans below the top have lately slowed their graphs this many times what
@@ -552,13 +820,13 @@ class TubeMPC:
         # than planned): the solve scales every slowdown by it, so the same debt is
         # not borrowed again graph after graph
         k = self._slow_gain * max(1.0, self._gain_err.estimate().upper_ns)
-        top_col = tpl.graph_ns[self.top]
-        time_ns = (top_col + k * (tpl.graph_ns - top_col))[None].repeat(nc, 0)
-        block_ns = tpl.block_ns[:, self.top : self.top + 1]
-        block_ns = block_ns + k * (tpl.block_ns - block_ns)
+        top_col = ct.graph_ns[self.top]
+        time_ns = (top_col + k * (ct.graph_ns - top_col))[None].repeat(nc, 0)
+        block_ns = ct.block_ns[:, self.top : self.top + 1]
+        r = self.rel_err.estimate().upper_ns
+        block_ns = block_ns + k * (ct.block_ns - block_ns) + self._timing_risk(tpl, ct.block_ns, r)
         d_ref = max(float(tpl.graph_ns[ref_lvl]), self._last_ref_ns.get("decode", 0.0)) * nc
         stalls_total = d_med * nc
-        r = self.rel_err.estimate().upper_ns
         stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
         debt, ref_elapsed = self._acc["decode"]
         allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
@@ -569,6 +837,7 @@ class TubeMPC:
         allowed_1 = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
         budget_1 = d_ref / nc + (allowed_1 - stall_tube / nc) / (1.0 + r)
         penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
+        penalty = penalty + self._order_pref
         sol = solve_horizon(energy, time_ns, budget, penalty, self.combos, budget_1)
         levels = sol.levels
         first = int(levels[0])
@@ -579,7 +848,8 @@ class TubeMPC:
             else None
         )
         if got is not None:
-            blocks, used_here = got
+            blocks = dwell_merge(got[0], tpl.block_ns, s_ns)
+            used_here = float(block_ns[np.arange(len(blocks)), blocks].sum())
         else:
             blocks, used_here = (
                 np.full(len(tpl.block_ns), first, dtype=np.int64),
@@ -588,30 +858,11 @@ class TubeMPC:
         used = used_here + future
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         first = int(blocks[0])
-        # each block's predicted start (offset from the graph's first kernel)
-        block_t = tpl.block_ns.ravel()[blocks + self.n_levels * np.arange(len(blocks))]
-        block_ends = np.cumsum(block_t)
+        sw, predicted = self._block_switches(tpl, blocks)
         # the model's own prediction (the gain is learnt against it) and its time at
         # the top level
-        predicted = float(block_ends[-1]) if len(block_ends) else 0.0
         self._predicted = (tpl.n, predicted, float(tpl.block_ns[:, self.top].sum()))
         node_keyed = self.granularity in ("layer", "kernel")
-        changed = (np.nonzero(blocks[1:] != blocks[:-1])[0] + 1).tolist()
-        sw: list[Switch] = []
-        if node_keyed:  # keyed by the node whose ask comes one switch latency early
-            lv_node = np.repeat(blocks, np.diff(tpl.edges))
-            node_ns = tpl.node_ns(lv_node)
-            ends = np.cumsum(node_ns)
-            starts = ends - node_ns
-            for j in changed:
-                t_edge = float(starts[tpl.edges[j]])
-                key = int(np.searchsorted(starts, t_edge - s_ns, side="left"))
-                sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
-            sw.extend(self._checkpoints(tpl, ends))
-        else:
-            for j in changed:
-                t_edge = float(block_ends[j - 1])
-                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
         if droppable:
             # the drop comes at the graph's end (the plan's end level, applied when
             # llama_decode returns), the raise one switch latency before the stall's

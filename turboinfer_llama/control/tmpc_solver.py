@@ -54,6 +54,7 @@ class PhaseTemplate:
         "c_ns",
         "edges",
         "energy_j",
+        "gap_blocks",
         "graph_ns",
         "host_ns",
         "kernel_ns",
@@ -61,6 +62,8 @@ class PhaseTemplate:
         "layer_out",
         "m_ns",
         "n",
+        "safe",
+        "safe_seen",
     )
 
     def __init__(
@@ -76,6 +79,9 @@ class PhaseTemplate:
         self.kernel_ns = np.zeros((self.n, 1))
         self.host_ns = np.zeros(self.n)
         self.energy_j = self.graph_ns = np.zeros(1)
+        self.safe: tuple = ()
+        self.safe_seen = -1
+        self.gap_blocks: np.ndarray | None = None
 
     def tabulate(
         self,
@@ -85,20 +91,37 @@ class PhaseTemplate:
         host_ns: float,
         power: PowerTable,
         time_scale: float = 1.0,
+        host_node: np.ndarray | None = None,
+        worst: np.ndarray | None = None,
+        seen: int = 0,
     ) -> None:
         """Tabulate under the time model ``theta`` (``PhaseModel``: each level's clock
         ratio ``f_max/f`` and extra DRAM time ``coupling``) times ``time_scale`` (the
         recent measured/predicted ratio); the graph's measured host time
-        (level-independent) shared out by kernel launches; whole-graph and per-block
-        energy (J x 1e9, i.e. W x ns) and time per level."""
-        edges = _edges(self.n)
+        (level-independent) where ``host_node`` puts it (the measured gap before each
+        node, summing to ``host_ns``), else shared out by kernel launches; whole-graph
+        and per-block energy (J x 1e9, i.e. W x ns) and time per level; and the same
+        with the levels below ``seen`` at their worst case (``worst``: per level, the
+        top level's kernel time times it), ``safe``, made for ``safe_seen``."""
+        edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node)
         self.edges = edges
         t = plan_native.tabulate(
             self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
-            power.idle_w, time_scale, host_ns, edges,
+            power.idle_w, time_scale, host_ns, edges, host_node, worst, seen,
         )  # fmt: skip
+        self.safe = (t.safe_graph_ns, t.safe_energy, t.safe_block_ns, t.safe_block_energy)
+        # blocks that are mostly host time (a measured gap): their raise is timed
+        self.gap_blocks = (
+            None
+            if host_node is None
+            else plan_native._block_sums(host_node, edges) > 0.5 * t.block_ns[:, -1]
+        )
+        self.safe_seen = seen if worst is not None and 0 < seen < len(ratio) else 0
         self.kernel_ns = t.kernel_ns
-        self.host_ns = self.launch * (host_ns / max(float(self.launch.sum()), 1.0))
+        if host_node is None:
+            self.host_ns = self.launch * (host_ns / max(float(self.launch.sum()), 1.0))
+        else:
+            self.host_ns = host_node
         self.graph_ns, self.energy_j = t.graph_ns, t.energy
         self.block_ns, self.block_energy_j = t.block_ns, t.block_energy
 
@@ -120,6 +143,27 @@ def _edges(n: int) -> np.ndarray:
         if len(_EDGES) < 4096:
             _EDGES[n] = got
     return got
+
+
+GAP_BLOCKS = 32  # host gaps (a backend's batch recording) that get blocks of their own
+GAP_SHARE = 0.02  # ... when at least this share of the graph's host time
+
+
+def _gap_edges(n: int, host_node: np.ndarray) -> np.ndarray:
+    """Block boundaries of an ``n``-node graph whose host time sits at ``host_node``:
+    the equal blocks of :func:`_edges`, plus a block of its own for each node preceded
+    by a large gap (the GPU idle while a backend records the next batch), so a plan
+    can give the gap a level of its own."""
+    base = _edges(n)
+    total = float(host_node.sum())
+    if total <= 0:
+        return base
+    big = np.nonzero(host_node >= GAP_SHARE * total)[0]
+    if len(big) == 0:
+        return base
+    if len(big) > GAP_BLOCKS:
+        big = np.sort(big[np.argsort(host_node[big])[-GAP_BLOCKS:]])
+    return np.unique(np.concatenate((base, big, np.minimum(big + 1, n))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +238,65 @@ def block_levels(
         k = int(fits.argmin()) if not fits.all() else nb
         a[:k] = b[:k]
     return a, float(block_ns[rows, a].sum())
+
+
+def dwell_merge(
+    levels: np.ndarray, block_ns: np.ndarray, min_ns: float, *, native: bool = True
+) -> np.ndarray:
+    """Per-block levels with no run of one level shorter than ``min_ns`` (predicted):
+    a device takes a switch latency to land a level and holds each for a minimum
+    dwell, so shorter runs would land late and push the later switches back, out of
+    place. One pass, left to right: a short run joins the next block at the higher
+    of the two levels (the last run, if short, joins the run before it the same
+    way): never slower than planned. ``native``: the C twin (``hooks/ti_plan.c``)
+    where built."""
+    if native:
+        got = plan_native.dwell(levels, block_ns, min_ns)
+        if got is not None:
+            return got
+    nb = len(levels)
+    if nb < 2 or min_ns <= 0:
+        return levels
+    lv = levels.tolist()
+    if lv.count(lv[0]) == nb:
+        return levels
+    t = block_ns[np.arange(nb), levels].tolist()
+    # the common case first: no short run (a whole pass, no change)
+    start, dur = 0, t[0]
+    for i in range(1, nb):
+        if lv[i] != lv[start]:
+            if dur < min_ns:
+                break
+            start, dur = i, 0.0
+        dur += t[i]
+    else:
+        if dur >= min_ns:
+            return levels
+    at = block_ns.item  # a block's time at a level
+    start, dur, changed = 0, t[0], False
+    for i in range(1, nb):
+        if lv[i] == lv[start]:
+            dur += t[i]
+            continue
+        if dur >= min_ns:
+            start, dur = i, t[i]
+            continue
+        # the run [start, i) is short: it and block i go on at the higher level
+        new = max(lv[start], lv[i])
+        if lv[start] != new:
+            for j in range(start, i):
+                lv[j], t[j] = new, at(j, new)
+            dur = sum(t[start:i])
+        lv[i], t[i] = new, at(i, new)
+        dur += t[i]
+        changed = True
+    while dur < min_ns and start > 0:  # the last run is short: join the one before it
+        p0 = start - 1
+        while p0 > 0 and lv[p0 - 1] == lv[start - 1]:
+            p0 -= 1
+        new = max(lv[start - 1], lv[start])
+        for j in range(p0, nb):
+            if lv[j] != new:
+                lv[j], t[j] = new, at(j, new)
+        start, dur, changed = p0, sum(t[p0:]), True
+    return np.asarray(lv, dtype=np.int64) if changed else levels
