@@ -181,7 +181,7 @@ def test_a_live_runs_late_graph_ends_are_late_in_its_replay():
 
     def run(**kw):
         dev = SimGpu("adreno650", start_ns=segs[0].t_ns)
-        ctl = make_controller("tmpc", **for_device(dev))
+        ctl = make_controller("tmpc", latency_slack=0.05, **for_device(dev))
         return replay(segs, ctl, dev, timing="recorded", granularity="graph", counters=False, **kw)
 
     def end_offsets(res):
@@ -191,7 +191,7 @@ def test_a_live_runs_late_graph_ends_are_late_in_its_replay():
 
     first = run()
     on_time = end_offsets(first)
-    assert len(on_time) >= 10  # tmpc drops the clock at most graph ends
+    assert len(on_time) >= 4  # tmpc drops the clock at some graph ends
     late_ns = 300_000
     live = [
         dataclasses.replace(a, t_ns=a.t_ns + late_ns) if a.source == "end" else a

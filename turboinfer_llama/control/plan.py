@@ -123,13 +123,16 @@ class Applied:
     due_ns: int = -1
 
 
-# Live and replay alike (``Governor.HOLD_FOR_ENGINE``, ``replay(hold=...)``): a graph's
-# records are planned while the engine computes the next one-token graph (GIL free),
-# not in the engine's Python between decodes, and the plan goes to the graph after
-# the last one that has started computing (``Plan.after_graph``, ``retarget``).
-# Planning in the stall held the GIL the engine's sampling needs for the planner's
-# whole run: ~1.1-1.3 ms of host time per gemma token (issue 11's overhead).
-HOLD_FOR_ENGINE = True
+# Live and replay alike (``Governor.HOLD_FOR_ENGINE``, ``replay(hold=...)``). True: a
+# graph's records are planned while the engine computes the next one-token graph (GIL
+# free), not in the engine's Python between decodes, and the plan goes to the graph
+# after the last one that has started computing (``Plan.after_graph``, ``retarget``).
+# Planning in the stall holds the GIL the engine's sampling needs for the planner's
+# whole run: ~1.1-1.7 ms of host time per gemma token (issue 11's overhead). Off by
+# default: tmpc learns each plan's error against the graph after the one it planned
+# from, and a plan one graph older cost it a third of its saving (simulated,
+# adreno650, 96-token recording, 2%: 17.7% eager, 12.9% held).
+HOLD_FOR_ENGINE = False
 
 
 def after(plan: Plan, graph: int, t0_ns: int) -> Plan:

@@ -166,6 +166,7 @@ class _Runner:
         # graphs held for the planner until the engine enters its next one-token
         # decode (``hold``): (batch, plan delay from then, the request's last graph)
         self.hold = False
+        self.mark_after = False  # plans solved after a graph say so (``plan.after``)
         self._stash: list[tuple[GraphBatch, int, bool]] = []
 
     def _actuate(self, level: int) -> int:
@@ -382,7 +383,8 @@ class _Runner:
         plan = self.on_graph(batch) if self.on_graph is not None else None
         self.graph_times_ns.append(time.perf_counter_ns() - t0)
         if plan is not None:
-            plan = after(plan, batch.graph, batch.t_first_ns)  # as the Governor
+            if self.mark_after:  # as the Governor, holding graphs
+                plan = after(plan, batch.graph, batch.t_first_ns)
             self.plans += 1
             if set_due > now:
                 self._seq += 1
@@ -566,11 +568,13 @@ def replay(
     the simulator at the clock in effect; ``recorded`` keeps every recorded duration
     (pass-through, for comparing a replay with the live run it was recorded from).
     ``plan_delay_ns``: how long the planner takes from its wake-up to the plan (its
-    ingest and solve). ``hold`` (default ``plan.HOLD_FOR_ENGINE``, as live): a graph's
-    records wake the planner when the engine enters its next one-token decode, not at
-    the graph's end, and each plan goes to the graph after the last one that has
-    started computing when it is set (``plan.retarget``); False: at the graph's end,
-    and a plan later than the next graph's first kernel is late.
+    ingest and solve). ``hold`` (default ``plan.HOLD_FOR_ENGINE``, as live, False): a
+    graph's records wake the planner when the engine enters its next one-token
+    decode, not at the graph's end, and each plan goes to the graph after the last
+    one that has started computing when it is set (``plan.retarget``; with
+    ``plan_delays_ns`` only the latter, as the live run measured when it planned);
+    False: at the graph's end, and a plan later than the next graph's first kernel is
+    late.
     ``plan_delays_ns``: per graph id, the delay a live run measured from the graph's
     end (``PowerSession.record`` saves them), used instead where known.
     ``counters``: hand the controller the device's counters after each graph; False
@@ -633,7 +637,8 @@ def replay(
         r._dropped_live = set(plans_dropped)
     # the planner's timing, as live: graphs held until the next one-token decode
     # (``plan.HOLD_FOR_ENGINE``), unless the live run's measured delays are given
-    r.hold = (HOLD_FOR_ENGINE if hold is None else hold) and plan_delays_ns is None
+    r.mark_after = HOLD_FOR_ENGINE if hold is None else hold
+    r.hold = r.mark_after and plan_delays_ns is None
     # the per-graph path: simulator timing on a simulator, no per-node events (offline
     # controllers), no live log to follow; ``reference`` keeps the per-kernel path
     per_graph = (
