@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import random
 
+import numpy as np
 import pytest
 from test_accounting import _issued_across
 
@@ -173,3 +175,97 @@ def test_a_server_backlog_is_bounded_by_the_window_in_objects(tiny_gguf):
         assert st["timeline"]["unsettled_segments"] == 0
         assert st["energy"]["accounting"]["settled_requests"] == 4
         assert len(st["energy"]["recent_requests"]) == 4
+
+
+def _same_trace(a, b) -> None:
+    from turboinfer_llama.accounting import _Graph
+
+    assert (a.profile_name, a.n_kernels, a.tokens) == (b.profile_name, b.n_kernels, b.tokens)
+    assert a.request_begin == b.request_begin
+    assert len(a.steps) == len(b.steps)
+    for x, y in zip(a.steps, b.steps, strict=True):
+        assert type(x) is type(y)
+        if isinstance(x, _Graph):
+            assert (x.graph, x.phase, x.first_kernel) == (y.graph, y.phase, y.first_kernel)
+            for f in ("flops", "bytes_", "gaps_ns", "node_ids", "layers"):
+                u, v = getattr(x, f), getattr(y, f)
+                assert u.dtype == v.dtype and np.array_equal(u, v), f
+        else:
+            assert x == y
+    for f in ("_seg_t_ns", "_seg_dur_ns", "_seg_step", "_seg_at_step", "_seg_at_kernel"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+def _random_segments(rng: random.Random, n: int) -> list[Segment]:
+    """Every shape of run build walks: kernels of one graph split by inter-kernel
+    stalls, graphs back to back, no-op kernels (alone too), stalls with and without a
+    graph, idle stalls between requests, a stall without a kind, segments outside any
+    request, untimed kernels."""
+    ops = ["MUL_MAT", "ADD", "VIEW", "RESHAPE", "GET_ROWS"]
+    kinds = [StallKind.SUBMIT, StallKind.INTER_KERNEL, StallKind.SAMPLE, StallKind.IDLE, None]
+    out: list[Segment] = []
+    t, graph, req = 1_000, 0, rng.choice([-1, 0])
+    for _ in range(n):
+        t += rng.randrange(1, 5000)
+        dur = rng.randrange(0, 9000)
+        r = rng.random()
+        if r < 0.6:
+            if rng.random() < 0.15:
+                graph += 1
+            out.append(
+                Segment(
+                    "kernel",
+                    t,
+                    dur,
+                    rng.choice(["prefill", "decode"]),
+                    None,
+                    req,
+                    rng.randrange(-1, 4),
+                    graph,
+                    rng.randrange(0, 400),
+                    rng.randrange(-1, 3),
+                    rng.choice(ops),
+                    "n",
+                    None,
+                    rng.random() < 0.8,
+                )
+            )
+        else:
+            kind = rng.choices(kinds, weights=[3, 6, 3, 1, 0.3])[0]
+            if kind is StallKind.IDLE:
+                req = req + 1 if rng.random() < 0.9 else -1
+            g = rng.choice([-1, -1, graph])
+            out.append(Segment("stall", t, dur, "decode", kind, req, rng.randrange(-1, 4), g))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_build_from_the_arrays_is_build_from_the_objects(seed):
+    from turboinfer_llama.accounting import PhoneTrace
+
+    rng = random.Random(seed)
+    segs = _random_segments(rng, rng.randrange(1, 400))
+    store = SegmentStore(block_rows=64)
+    store.extend(segs)
+    p = load_profile(rng.choice(["adreno650", "mali-g76"]))
+    paused: list[int] = []
+    got = PhoneTrace.build_columns(store.columns(0, len(segs)), p, pause=lambda: paused.append(1))
+    ref = PhoneTrace.build(segs, p)
+    _same_trace(got, ref)
+    assert len(paused) >= len(segs) // 256 - 1  # the settle worker's pause point
+    for s in ref.steps:  # kernel_index from the steps, as build's dict
+        if hasattr(s, "node_ids"):
+            for node in s.node_ids.tolist():
+                assert got.kernel_index(s.graph, node) == ref.kernel_index(s.graph, node)
+
+
+def test_build_from_the_arrays_on_the_recording(runs):
+    from turboinfer_llama.accounting import PhoneTrace
+
+    store = SegmentStore()
+    store.extend(runs)
+    for name in ("adreno650", "mali-g76"):
+        p = load_profile(name)
+        _same_trace(
+            PhoneTrace.build_columns(store.columns(0, len(runs)), p), PhoneTrace.build(runs, p)
+        )

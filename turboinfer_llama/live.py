@@ -36,7 +36,7 @@ from .devices import open_device
 from .devices.base import DeviceError, GpuDevice
 from .devices.sim import SimGpu
 from .engine.events import Event
-from .engine.segment_store import SegmentStore, is_idle_stall, is_kernel
+from .engine.segment_store import SegmentColumns, SegmentStore, is_idle_stall, is_kernel
 from .engine.segments import Segment
 from .settings import PowerSettings
 
@@ -231,12 +231,11 @@ class SimulatedAccount(_EngineCalls):
                     lo, hi = int(bounds[i]), int(bounds[i + 1])
                     if has_kernel[i]:
                         with self._lock:
-                            part = self._store.segments(lo, hi)
+                            part = self._store.columns(lo, hi)
                         # the loop's switches issued before this request's end (or the
                         # next one's start): those of this request
-                        last = part[-1]
                         end = (
-                            last.t_ns + max(last.dur_ns, 0)
+                            int(part.t_ns[-1]) + max(int(part.dur_ns[-1]), 0)
                             if i + 2 == len(bounds)
                             else int(t_next[i])
                         )
@@ -292,16 +291,22 @@ class SimulatedAccount(_EngineCalls):
 
     def _settle_one(
         self,
-        req: list[Segment],
+        req: SegmentColumns | list[Segment],
         issued: list[tuple[int, int]],
         pause: Callable[[], None] | None,
     ) -> None:
+        """Account one finished request: its segments as arrays (the backlog's rows,
+        ``PhoneTrace.build_columns``) or as objects (``PhoneTrace.build``); the same
+        figures either way."""
         t0 = time.thread_time_ns()
         profile = self.device.profile
         dev: Any = self.device if pause is None else _Gated(self.device, pause)
         shadow: Any = self.shadow if pause is None else _Gated(self.shadow, pause)
         try:
-            trace = PhoneTrace.build(req, profile, pause=pause)
+            if isinstance(req, SegmentColumns):
+                trace = PhoneTrace.build_columns(req, profile, pause=pause)
+            else:
+                trace = PhoneTrace.build(req, profile, pause=pause)
             t1 = time.thread_time_ns()
             switches = trace.place([t for t, _ in issued], [hz for _, hz in issued])
             if self._device_governs:  # the loop issues nothing: the governor decides
@@ -318,7 +323,7 @@ class SimulatedAccount(_EngineCalls):
         self.build_cpu_ns += t1 - t0
         self.passes_cpu_ns += t2 - t1
         if self.replay_check and not self._device_governs:
-            self._check(req, trace, switches)
+            self._check(req if isinstance(req, list) else req.segments(), trace, switches)
         self.settle_cpu_ns += time.thread_time_ns() - t0
         self.virtual_s += acc.duration_ns * 1e-9
         self.tokens += acc.tokens
@@ -326,7 +331,11 @@ class SimulatedAccount(_EngineCalls):
         self.switches += acc.switches
         self.issued += len(issued)
         record = {
-            "request": next(s.request for s in req if s.kind == "kernel"),
+            "request": (
+                next(s.request for s in req if s.kind == "kernel")
+                if isinstance(req, list)
+                else int(req.request[req.entry_mask(is_kernel)][0])
+            ),
             "energy_j": acc.energy_j,
             "default_energy_j": base.energy_j,
             "tokens": acc.tokens,

@@ -16,6 +16,7 @@ those stored (the same ``op``/``name``/``shape`` objects, the same integers).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,45 @@ from .segments import Segment
 INT_FIELDS = ("t_ns", "dur_ns", "request", "token", "graph", "node", "layer")
 ROW = np.dtype([(f, np.int64) for f in INT_FIELDS] + [("meta", np.int32)])
 BLOCK_ROWS = 32_768  # ~2 MiB a block
+
+
+@dataclass
+class SegmentColumns:
+    """A range of stored segments as arrays: each integer field, and ``meta``, each
+    row's index into ``table`` of (kind, phase, stall, op, name, shape, timed)."""
+
+    t_ns: np.ndarray
+    dur_ns: np.ndarray
+    request: np.ndarray
+    token: np.ndarray
+    graph: np.ndarray
+    node: np.ndarray
+    layer: np.ndarray
+    meta: np.ndarray
+    table: list[tuple[Any, ...]]
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def entry_mask(self, test: Any) -> np.ndarray:
+        """``test(kind, phase, stall, op, name, shape, timed)`` for each row."""
+        by_entry = np.fromiter(
+            (bool(test(*t)) for t in self.table), dtype=bool, count=len(self.table)
+        )
+        return by_entry[self.meta]
+
+    def segments(self) -> list[Segment]:
+        """The rows as ``Segment`` objects."""
+        table = self.table
+        cols = [getattr(self, f).tolist() for f in INT_FIELDS]
+        out: list[Segment] = []
+        append = out.append
+        for t, d, req, tok, g, node, layer, m in zip(*cols, self.meta.tolist(), strict=True):
+            kind, phase, stall, op, name, shape, timed = table[m]
+            append(
+                Segment(kind, t, d, phase, stall, req, tok, g, node, layer, op, name, shape, timed)
+            )
+        return out
 
 
 class SegmentStore:
@@ -141,21 +181,17 @@ class SegmentStore:
             (bool(test(*t)) for t in self._table), dtype=bool, count=len(self._table)
         )
 
+    def columns(self, lo: int, hi: int) -> SegmentColumns:
+        """Rows ``lo``..``hi`` (absolute) as arrays (copies)."""
+        return SegmentColumns(
+            *(self.column(f, lo, hi) for f in INT_FIELDS),
+            meta=self.column("meta", lo, hi),
+            table=self._table,
+        )
+
     def segments(self, lo: int, hi: int) -> list[Segment]:
         """Rows ``lo``..``hi`` (absolute) as ``Segment`` objects."""
-        table = self._table
-        out: list[Segment] = []
-        append = out.append
-        for sl in self._slices(lo, hi):
-            cols = [sl[f].tolist() for f in INT_FIELDS]
-            for t, d, req, tok, g, node, layer, m in zip(*cols, sl["meta"].tolist(), strict=True):
-                kind, phase, stall, op, name, shape, timed = table[m]
-                append(
-                    Segment(
-                        kind, t, d, phase, stall, req, tok, g, node, layer, op, name, shape, timed
-                    )
-                )
-        return out
+        return self.columns(lo, hi).segments()
 
     # -- dropping ----------------------------------------------------------------
     def drop_before(self, index: int) -> None:
@@ -170,8 +206,8 @@ class SegmentStore:
         if self._start == self._end:
             self._blocks.clear()
             self._base = self._start = self._end
-            self._table.clear()
-            self._codes.clear()
+            self._table = []  # new lists: columns handed out keep the old table
+            self._codes = {}
 
 
 def is_idle_stall(kind: str, phase: str, stall: StallKind | None, *_: Any) -> bool:
