@@ -435,7 +435,7 @@ class PhoneTrace:
         every = BUILD_PAUSE_EVERY if pause is not None else n + 1
         next_pause = every
         idle = StallKind.IDLE
-        for t, (row, e, req, dur, g) in enumerate(
+        for top, (row, e, req, dur, g) in enumerate(
             zip(tops.tolist(), entries, reqs, durs, graphs, strict=True)
         ):
             if row >= next_pause:
@@ -460,7 +460,7 @@ class PhoneTrace:
                     tokens += 1
                 steps.append(_Stall(profile.scale_host_ns(dur), kind.value, phase, tok, g))
                 continue
-            a, b = int(k_lo[t]), int(k_hi[t])
+            a, b = int(k_lo[top]), int(k_hi[top])
             if b == a:
                 continue
             steps.append(

@@ -183,8 +183,15 @@ class SegmentStore:
 
     def columns(self, lo: int, hi: int) -> SegmentColumns:
         """Rows ``lo``..``hi`` (absolute) as arrays (copies)."""
+        c = {f: self.column(f, lo, hi) for f in INT_FIELDS}
         return SegmentColumns(
-            *(self.column(f, lo, hi) for f in INT_FIELDS),
+            t_ns=c["t_ns"],
+            dur_ns=c["dur_ns"],
+            request=c["request"],
+            token=c["token"],
+            graph=c["graph"],
+            node=c["node"],
+            layer=c["layer"],
             meta=self.column("meta", lo, hi),
             table=self._table,
         )
