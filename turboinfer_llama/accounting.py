@@ -606,7 +606,8 @@ class PhoneTrace:
     def kernel_index(self, graph: int, node: int) -> int:
         """Global index of a graph's node among the trace's kernels (for switches
         anchored to nodes, as a per-graph plan is)."""
-        if self._index_from_steps and not self._index:
+        if self._index_from_steps:
+            self._index_from_steps = False
             for step in self.steps:
                 if isinstance(step, _Graph):
                     for j, nd in enumerate(step.node_ids.tolist()):

@@ -94,7 +94,7 @@ class PowerSession:
             window_ns=int(window_s * 1e9) if window_s > 0 else None,
         )
         # Memory bound: past these backlogs the worker decodes and settles even while
-        # requests run (unsettled segments stay in the timeline until settled).
+        # requests run (unsettled segments wait in the accounting's arrays).
         self._wake_records = self.WAKE_RECORDS
         self._settle_backlog = max(self.WAKE_RECORDS, settings.timeline_max_events)
         self._last_end_ns = now_ns()
