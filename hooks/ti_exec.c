@@ -111,7 +111,8 @@ struct ti_exec {
 	bool in_graph;        /* first ask seen, graph_end not yet */
 	bool graph_active;    /* the active plan drives this graph */
 	bool mismatched;
-	int64_t t0_ns;
+	int64_t t0_ns;        /* the first ask of the last graph that started */
+	uint64_t started_seq; /* that graph's sequence (0: none yet) */
 	int32_t max_ask;
 	uint32_t node_cursor;
 	int32_t fb_floor;
@@ -540,6 +541,7 @@ static void ti_start_graph(struct ti_exec *ex, int64_t t_ns)
 	ex->graph_active = false;
 	ex->mismatched = false;
 	ex->t0_ns = t_ns;
+	ex->started_seq = ex->seq;
 	ex->max_ask = -1;
 	ex->fb_floor = -1;
 	ex->ref_expect_ns = -1;
@@ -966,8 +968,30 @@ TI_API int ti_exec_set_plan(struct ti_exec *ex, const struct ti_plan *plan)
 	return ti_exec_set_plan_at(ex, plan, NULL);
 }
 
+/*
+ * Caller holds mu. A plan solved after graph after_graph: for the graph after the last
+ * one that has started computing (see struct ti_plan), control/plan.py's retarget.
+ */
+static void ti_retarget(const struct ti_exec *ex, struct ti_plan *p)
+{
+	int64_t shift_ns;
+	uint32_t i;
+
+	if (ex->started_seq <= p->after_graph) {
+		p->graph = p->after_graph + 1;
+		return;
+	}
+	p->graph = ex->started_seq + 1;
+	shift_ns = ex->t0_ns - p->after_t0_ns;
+	for (i = 0; i < p->n_switches; i++) {
+		if (p->switches[i].anchor == TI_ANCHOR_TIME)
+			p->switches[i].key += shift_ns;
+	}
+}
+
 TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, int64_t *t_ns)
 {
+	struct ti_plan *sp;
 	int64_t now_ns;
 	uint32_t i;
 	int idx;
@@ -982,15 +1006,17 @@ TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, i
 	idx = ti_free_slot(ex);
 	ex->plans_set++;
 	ti_slot_fill(&ex->slots[idx], plan, ex->plans_set);
-	if (ex->in_graph &&
-	    (plan->graph == ex->seq || (plan->graph == 0 && !ex->graph_active))) {
+	sp = &ex->slots[idx].plan;
+	if (sp->after_graph > 0)
+		ti_retarget(ex, sp);
+	if (ex->in_graph && (sp->graph == ex->seq || (sp->graph == 0 && !ex->graph_active))) {
 		ti_set_late(ex, idx, now_ns);
 	} else {
 		if (ex->pending >= 0)
 			ti_timers_drop(ex, ex->slots[ex->pending].gen, false);
 		ex->pending = idx;
-		for (i = 0; i < plan->n_switches; i++) {
-			const struct ti_switch *sw = &plan->switches[i];
+		for (i = 0; i < sp->n_switches; i++) {
+			const struct ti_switch *sw = &sp->switches[i];
 
 			if (sw->anchor == TI_ANCHOR_TIME)
 				ti_timer_add(ex, sw->key, sw->expect_ns, sw->level, ex->plans_set,
@@ -1248,7 +1274,8 @@ static const struct ti_abi_field ti_abi_fields[] = {
 	TI_F(ti_switch, level),	     TI_F(ti_plan, graph),	  TI_F(ti_plan, predicted_ns),
 	TI_F(ti_plan, margin_ns),    TI_F(ti_plan, gain),	  TI_F(ti_plan, first_level),
 	TI_F(ti_plan, end_level),    TI_F(ti_plan, fallback_level), TI_F(ti_plan, n_nodes),
-	TI_F(ti_plan, n_switches),   TI_F(ti_plan, switches),	  TI_F(ti_applied, t_ns),
+	TI_F(ti_plan, n_switches),   TI_F(ti_plan, after_graph),  TI_F(ti_plan, after_t0_ns),
+	TI_F(ti_plan, switches),	  TI_F(ti_applied, t_ns),
 	TI_F(ti_applied, freq_hz),   TI_F(ti_applied, cost_ns),	  TI_F(ti_applied, graph),
 	TI_F(ti_applied, level),     TI_F(ti_applied, source),	  TI_F(ti_applied, node),
 	TI_F(ti_applied, err),	     TI_F(ti_applied, due_ns),	  TI_F(ti_exec_config, n_levels),

@@ -68,6 +68,16 @@ struct ti_plan {
 	uint32_t n_nodes;     /* 0 = unknown */
 	uint32_t n_switches;  /* <= TI_PLAN_MAX */
 	uint32_t reserved;
+	/*
+	 * > 0: the plan was solved after graph after_graph ended (first ask at
+	 * after_t0_ns) for the graph after it, and graph is ignored. Set, it is for the
+	 * graph after the last one that has started computing: after_graph + 1 when none
+	 * has since; else that graph + 1, its TIME switches moved by the time between the
+	 * two graphs' first asks (the planner ran while the engine computed that one).
+	 * Such a plan is never late. 0: graph applies.
+	 */
+	uint64_t after_graph;
+	int64_t after_t0_ns;
 	struct ti_switch switches[TI_PLAN_MAX];
 };
 

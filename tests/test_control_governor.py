@@ -7,6 +7,7 @@ import numpy as np
 
 from turboinfer_llama.control.base import Decision
 from turboinfer_llama.control.governor import Governor
+from turboinfer_llama.control.plan import Anchor, Plan, Switch
 from turboinfer_llama.devices.base import Capabilities, Counters, DeviceGone, DeviceState
 from turboinfer_llama.engine.events import Event, EventKind
 
@@ -193,7 +194,8 @@ def _soon(cond, timeout_s=5.0):
 def test_a_prompt_graph_is_planned_in_the_first_decode_not_before_the_first_token():
     """Issue 14 (TTFT): a prompt batch's graph is not planned between the prompt and the
     first token, nor while another prompt batch runs (every core); the first one-token
-    decode's entry wakes the planner. A decode graph is planned at once (default)."""
+    decode's entry wakes the planner. So is a decode graph's, by default (issue 11's
+    overhead: the planner never holds the GIL the engine's sampling needs)."""
     ctl = Learner()
     gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
     try:
@@ -210,8 +212,44 @@ def test_a_prompt_graph_is_planned_in_the_first_decode_not_before_the_first_toke
         assert _soon(lambda: ctl.graphs == [1])
         gov.graph_end()
         gov.on_decode_end(_asks(2, t), graph=2, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
-        assert _soon(lambda: ctl.graphs == [1, 2])  # a decode graph: at once, in time
-        assert gov.plan_holds == {"held": 1, "eager": 1}
+        time.sleep(0.1)
+        assert ctl.graphs == [1]  # the engine samples the next token
+        gov.entering_decode(1)
+        assert _soon(lambda: ctl.graphs == [1, 2])
+        assert gov.plan_holds == {"held": 2, "eager": 0}
+    finally:
+        gov.close()
+
+
+class Planner(Learner):
+    """Plans a raise one ms after each graph's end, then level 1 for the graph."""
+
+    def on_graph(self, batch):
+        super().on_graph(batch)
+        return Plan(
+            first_level=1,
+            fallback_level=1,
+            switches=(Switch(Anchor.TIME, batch.t_end_ns + 1_000_000, 2),),
+        )
+
+
+def test_the_governor_hands_over_each_plan_as_solved_after_its_graph():
+    """Issue 11: graph 1's records are planned while the engine decodes graph 2 (GIL
+    free): the plan goes to the executor marked as solved after graph 1 (and its first
+    ask), so the executor gives it to the graph after the last one to start computing
+    (``plan.retarget``, tested on both executors in test_exec_model)."""
+    ctl = Planner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    try:
+        gov._plan_cpu_ns = 10**9
+        t = time.monotonic_ns()
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        gov.entering_decode(1)
+        assert _soon(lambda: gov._last_plan is not None)
+        plan = gov._last_plan
+        assert (plan.graph, plan.after_graph, plan.after_t0_ns) == (0, 1, t)
+        assert [s.key for s in plan.switches] == [t + 10**5 + 1_000_000]
     finally:
         gov.close()
 

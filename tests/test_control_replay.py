@@ -1,7 +1,10 @@
 """Replay: deterministic for a fixed seed, and causal for every controller but the oracle."""
 
+import dataclasses
+
 import pytest
 
+from turboinfer_llama.accounting import phone_segments
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
@@ -166,3 +169,75 @@ def test_replay_runs_segments_through_the_simulator():
     assert gpu.kernels == 2  # the VIEW launched nothing
     assert gpu.gap_ns_by_kind == {"submit": 50_000, "inter_kernel": 17_000, "sample": 2 * MS}
     assert round(res.duration_s * 1e9) == 50_000 + 10_000 + 2 * kernel_ns + 7_000 + 2 * MS
+
+
+def test_a_live_runs_late_graph_ends_are_late_in_its_replay():
+    """Replaying a live run, each end-of-graph switch lands as late after the decode's
+    return as the live engine thread made it (it may wait for the GIL or a core between
+    the two on a busy host): here a live log whose end switches came 0.3 ms late."""
+    segs = make_trace(
+        requests=2, decode_tokens=12, prompt_tokens=8, idle_ms=60.0, seed=3, kernel_timing=False
+    )
+
+    def run(**kw):
+        dev = SimGpu("adreno650", start_ns=segs[0].t_ns)
+        ctl = make_controller("tmpc", **for_device(dev))
+        return replay(segs, ctl, dev, timing="recorded", granularity="graph", counters=False, **kw)
+
+    def end_offsets(res):
+        return {
+            a.graph: a.t_ns - res.graph_begin_ns[a.graph] for a in res.applied if a.source == "end"
+        }
+
+    first = run()
+    on_time = end_offsets(first)
+    assert len(on_time) >= 10  # tmpc drops the clock at most graph ends
+    late_ns = 300_000
+    live = [
+        dataclasses.replace(a, t_ns=a.t_ns + late_ns) if a.source == "end" else a
+        for a in first.applied
+    ]
+    again = run(live_applied=live, live_begin_ns=first.graph_begin_ns)
+    assert again.graph_begin_ns == first.graph_begin_ns
+    assert end_offsets(again) == {g: off + late_ns for g, off in on_time.items()}
+    # an on-time live log changes nothing
+    same = run(live_applied=list(first.applied), live_begin_ns=first.graph_begin_ns)
+    assert end_offsets(same) == on_time
+
+
+def test_held_graphs_reach_the_planner_in_the_next_decode_and_their_plans_in_time():
+    """As live (``plan.HOLD_FOR_ENGINE``): a graph's records reach the controller once
+    the engine has entered its next one-token decode (never in the Python between
+    decodes), and each plan goes to the graph after the last one that started
+    computing, so no decode graph after a request's first starts without one."""
+    segs = phone_segments(
+        make_trace(requests=2, decode_tokens=10, prompt_tokens=8, idle_ms=60.0, seed=3),
+        SimGpu("adreno650").profile,
+    )
+    got = {}
+    for hold in (True, False):
+        dev = SimGpu("adreno650")
+        ctl = make_controller("tmpc", **for_device(dev))
+        seen: list[tuple[int, int]] = []
+        inner = ctl.on_graph
+
+        def on_graph(batch, inner=inner, seen=seen, dev=dev):
+            seen.append((batch.graph, dev.now_ns()))
+            return inner(batch)
+
+        ctl.on_graph = on_graph
+        res = replay(segs, ctl, dev, granularity="graph", hold=hold)
+        got[hold] = (res, seen)
+    res, seen = got[True]
+    begins = res.graph_begin_ns
+    one_token = sorted(g for g in begins if g + 1 in begins)
+    for g, t in seen[:-1]:  # the trace's last graph: planned at the end of the run
+        nxt = min((h for h in begins if h > g), default=None)
+        if nxt is not None:
+            assert t > begins[nxt], (g, t, begins[nxt])  # in the next decode
+    assert len(seen) == len(begins) and one_token
+    assert res.late_plans <= 2 * 2  # each request's first graphs only
+    # the same controller, planning at each graph's end instead, gets them earlier
+    _, eager_seen = got[False]
+    assert [g for g, _ in eager_seen][:5] == [g for g, _ in seen][:5]
+    assert all(te < th for (_, te), (_, th) in zip(eager_seen[:5], seen[:5], strict=True))

@@ -11,6 +11,7 @@ inputs is the same on both sides.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -55,14 +56,20 @@ def run_native(steps: list[Step]) -> tuple[list[Applied], dict[str, int], list[t
     """Runs the steps on the native executor; returns its log, status and the timed steps
     (TIME keys given relative to the step's time are made absolute here)."""
     timed: list[tuple[Step, int]] = []
+    first_ask: dict[int, int] = {}  # graph -> its first ask's time
+    graph = 0
     with native_exec.NativeExecutor(LEVELS, native_exec.RecordActuator()) as ex:
         for step in steps:
             if step.op == "sleep":
                 time.sleep(step.arg / 1000)
                 continue
             t = now_ns()
+            if step.op == "ask":
+                first_ask.setdefault(graph, t)
+            elif step.op == "begin":
+                graph = step.arg
             if step.op == "plan":
-                plan = absolute(step.arg, t)
+                plan = absolute(step.arg, t, first_ask)
                 timed.append((Step("plan", plan), t))
                 ex.set_plan(plan)
                 continue
@@ -82,23 +89,18 @@ def run_native(steps: list[Step]) -> tuple[list[Applied], dict[str, int], list[t
         return ex.drain_log(), ex.status(), timed
 
 
-def absolute(plan: Plan, t_ns: int) -> Plan:
-    """TIME keys in scenarios are relative to the set_plan call; make them absolute."""
+def absolute(plan: Plan, t_ns: int, first_ask: dict[int, int] | None = None) -> Plan:
+    """TIME keys in scenarios are relative to the set_plan call; make them absolute. A
+    plan solved after a graph (``after_graph``) has them relative to that graph's
+    first ask instead, which is its ``after_t0_ns``."""
+    if plan.after_graph:
+        t_ns = (first_ask or {})[plan.after_graph]
+        plan = dataclasses.replace(plan, after_t0_ns=t_ns)
     switches = tuple(
         Switch(s.anchor, t_ns + s.key, s.level, s.expect_ns) if s.anchor == Anchor.TIME else s
         for s in plan.switches
     )
-    return Plan(
-        graph=plan.graph,
-        first_level=plan.first_level,
-        end_level=plan.end_level,
-        fallback_level=plan.fallback_level,
-        n_nodes=plan.n_nodes,
-        predicted_ns=plan.predicted_ns,
-        margin_ns=plan.margin_ns,
-        gain=plan.gain,
-        switches=switches,
-    )
+    return dataclasses.replace(plan, switches=switches)
 
 
 def run_model(timed: list[tuple[Step, int]]) -> ExecutorModel:
@@ -303,6 +305,68 @@ def test_late_plan_falls_back_then_collapses_passed_switches() -> None:
         (0, "end", -1),
     ]
     assert status["late_plans"] == 1
+
+
+def test_a_plan_solved_while_a_later_graph_runs_is_for_the_graph_after_it() -> None:
+    """Issue 11: the planner ran while the engine computed graph 2 (GIL free), on graph
+    1's records: its plan is graph 3's, never a late plan for graph 2, and its stall
+    raise moves by the time between graph 1's and graph 2's first asks."""
+    p1 = Plan(first_level=1, end_level=0, fallback_level=1)
+    ahead = Plan(
+        first_level=3,
+        end_level=0,
+        fallback_level=3,
+        switches=(Switch(Anchor.TIME, 60 * MS, 3),),  # 60 ms after graph 1's first ask
+        after_graph=1,
+    )
+    steps = [
+        Step("plan", p1),
+        Step("begin", 1),
+        *nodes(0, 3, done=True),
+        Step("end"),
+        Step("sleep", 20),
+        Step("begin", 2),  # no plan for it: the fallback level, counted late
+        *nodes(0, 3, done=True),
+        Step("plan", ahead),
+        Step("end"),
+        Step("sleep", 110),
+        Step("begin", 3),
+        *nodes(0, 3, done=True),  # the raise already put level 3 in effect: skipped
+        Step("end"),
+    ]
+    log, _, status = compare(steps)
+    assert sources(log) == [
+        (1, "first", -1),
+        (0, "end", -1),
+        (1, "fallback", -1),
+        (3, "timer", -1),
+        (0, "end", -1),
+    ]
+    assert [a.graph for a in log] == [1, 1, 2, 2, 3]
+    assert status["late_plans"] == 1  # graph 2 only
+    # the raise: 60 ms after graph 2's first ask (where its fallback switch was
+    # logged), not graph 1's (~20 ms earlier)
+    assert abs(log[3].due_ns - (log[2].t_ns + 60 * MS)) < MS
+
+
+def test_a_plan_solved_after_a_graph_is_in_time_for_the_next_one_not_yet_computing() -> None:
+    """Set after graph 2 began but before its first ask, graph 1's plan is graph 2's,
+    its raise where it was solved."""
+    p1 = Plan(first_level=1, end_level=0, fallback_level=1)
+    nxt = Plan(first_level=3, end_level=0, fallback_level=3, after_graph=1)
+    steps = [
+        Step("plan", p1),
+        Step("begin", 1),
+        *nodes(0, 3, done=True),
+        Step("end"),
+        Step("begin", 2),
+        Step("plan", nxt),
+        *nodes(0, 3, done=True),
+        Step("end"),
+    ]
+    log, _, status = compare(steps)
+    assert sources(log) == [(1, "first", -1), (0, "end", -1), (3, "first", -1), (0, "end", -1)]
+    assert status["late_plans"] == 0
 
 
 def test_switch_now_and_a_plan_for_a_later_graph() -> None:

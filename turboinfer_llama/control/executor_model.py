@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .plan import Anchor, Applied, Plan, Switch
+from .plan import Anchor, Applied, Plan, Switch, retarget
 
 SOURCES = ("first", "node", "timer", "feedback", "end", "fallback", "now")
 """Source names by the native ``enum ti_source`` code."""
@@ -100,7 +100,8 @@ class ExecutorModel:
         self._in_graph = False
         self._graph_active = False
         self._mismatched = False
-        self._t0 = 0
+        self._t0 = 0  # the first ask of the last graph that started
+        self._started_seq = 0  # that graph's sequence (0: none yet)
         self._max_ask = -1
         self._cursor = 0
         self._fb_floor = -1
@@ -114,6 +115,7 @@ class ExecutorModel:
     def set_plan(self, plan: Plan, t_ns: int) -> None:
         self._check_plan(plan)
         self._fire_due(t_ns)
+        plan = retarget(plan, self._started_seq, self._t0)
         st = self.status
         st.plans_set += 1
         slot = _Slot(
@@ -387,6 +389,7 @@ class ExecutorModel:
         self._graph_active = False
         self._mismatched = False
         self._t0 = t_ns
+        self._started_seq = self._seq
         self._max_ask = -1
         self._fb_floor = -1
         self._ref_expect = -1

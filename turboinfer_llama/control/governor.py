@@ -42,7 +42,7 @@ from ..engine.events import Event, EventKind
 from .base import Controller, Decision
 from .graph_batch import GraphBatch, NodeCosts, batch_from_records, records_array
 from .live_executor import LiveExecutor, make_executor
-from .plan import Applied, Plan
+from .plan import HOLD_FOR_ENGINE, Applied, Plan, after
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,12 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
-    # Decode graphs: False (default) plans each at once after its end, in the engine's
-    # stall between decodes, in time for the next graph (the GIL is shared with the
-    # engine's sampling there); True plans it while the next decode runs (GIL free,
-    # another core; the plan lands late, for the graph after). See ``_work``.
-    HOLD_FOR_ENGINE = False
+    # Decode graphs: True (default, ``plan.HOLD_FOR_ENGINE``) plans each while the next
+    # decode runs (GIL free, another core), for the graph after that one
+    # (``plan.retarget``); False plans it at once after its end, in the engine's stall
+    # between decodes, in time for the next graph, but there the planner holds the GIL
+    # the engine's sampling needs. See ``_work``.
+    HOLD_FOR_ENGINE = HOLD_FOR_ENGINE
     # A prompt batch's graph is planned in the first one-token decode after it, never
     # between the prompt and the first token (issue 14's TTFT)
     HOLD_PROMPTS = True
@@ -392,27 +393,31 @@ class Governor:
     # ---- worker ----------------------------------------------------------------------
 
     def _work(self) -> None:
-        """The planner. It is woken once per graph, without polling: at a decode
-        graph's end (default), or, for held graphs, when the engine next enters a
-        one-token ``llama_decode`` (or someone waits: ``wait_idle``, settling).
+        """The planner. It is woken once per graph, without polling: for held graphs
+        (default) when the engine next enters a one-token ``llama_decode``, else at
+        the graph's end (or when someone waits: ``wait_idle``, settling).
 
         Between two decodes the engine thread runs Python (sampling, detokenising; in a
         server, the event loop streams the token and the next one may be decoded on
         another worker thread). A planner running there takes the GIL at each of
         llama-cpp-python's ctypes calls and delays the next token by up to its CPU
-        time; inside ``llama_decode`` the GIL is free (with the eval hook installed,
-        llama.cpp computes the graph synchronously there, also on a GPU) and the
-        planner runs beside the engine on another core, but its plan lands while the
-        next graph runs: late, kept for the graph after (replay models the delay from
-        ``plan_delay_ns``), and tmpc switches far less.
+        time (measured on gemma, 2-core host: the engine's time between two decodes
+        went from 1.3 to 2.5-3.0 ms). Inside ``llama_decode`` the GIL is free (with the
+        eval hook installed, llama.cpp computes the graph synchronously there, also on
+        a GPU) and the planner runs beside the engine on another core (1.4-1.5 ms
+        between decodes). A plan solved there is for the graph after the one running
+        (``plan.after``/``plan.retarget``: the executor decides, atomically, which graph
+        that is, and moves the plan's stall raise by one graph period), so it is not
+        late: on a phone, whose submit stall before the first kernel is longer than the
+        planner's run, it is even in time for the running graph.
 
         * A prompt batch's graph (``HOLD_PROMPTS``) is always held: planning it between
           the prompt and the first token cost issue 14's TTFT, and a prompt batch
           runs on ``n_threads_batch`` threads (every core by default), so it does not
           wake the planner either; nor does a request's end (the next request's
           prompt usually follows at once; a plan for an ended request is dropped).
-        * Decode graphs are planned at once, in time (default), or held with
-          ``HOLD_FOR_ENGINE``; held or not, they are planned at once where that
+        * Decode graphs are held (``HOLD_FOR_ENGINE``, default) or planned at once
+          after their end; held or not, they are planned at once where that
           costs (next to) nothing: the engine's stalls are off the CPU (a GPU sync, a
           sleeping logits processor) for twice the planner's CPU per graph, or the
           planner takes at most ``EAGER_PLAN_FRACTION`` of the graph period (moving
@@ -468,6 +473,8 @@ class Governor:
             if self._on_counters is not None and self.feedback != "engine-only":
                 self._read_counters()
             plan = self._on_graph(batch) if self._on_graph is not None else None
+            if plan is not None:  # for the graph after the last to start when set
+                plan = after(plan, graph, batch.t_first_ns)
         time.sleep(0)
         with self._lock:
             if plan is not None and self._boundary_ns > t1:

@@ -24,7 +24,11 @@ feedback rule. Levels index ``levels_hz`` (ascending, 0 = slowest).
 
 Executor semantics (native and model alike):
 
-1. ``set_plan`` stores the plan as *pending*; it never blocks the engine.
+1. ``set_plan`` stores the plan as *pending*; it never blocks the engine. A plan
+   marked as solved after a graph (``after_graph``, ``after``) is for the graph after
+   the last one that has started computing when it is set (``retarget``): when the
+   planner ran while the engine computed a later graph, its ``TIME`` switches move by
+   the time between the two graphs' first asks. Such a plan is never late.
 2. At a graph's first ask, the pending plan (if its ``graph`` is 0 or this graph's
    sequence number) becomes *active*: ``first_level`` is applied at once, ``t0`` = now.
    If no plan is pending, the previous plan's ``fallback_level`` is applied (when
@@ -57,7 +61,7 @@ Executor semantics (native and model alike):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 
@@ -92,6 +96,10 @@ class Plan:
     margin_ns: int = 0  # feedback dead band
     gain: float = 0.0  # feedback gain; 0 = no feedback
     switches: tuple[Switch, ...] = field(default_factory=tuple)
+    # > 0: solved after this graph ended (its first ask at after_t0_ns), for the graph
+    # after it; ``graph`` is then ignored (see ``retarget``)
+    after_graph: int = 0
+    after_t0_ns: int = 0
 
     MAX_SWITCHES = 256  # TI_PLAN_MAX in hooks/ti_exec.h
 
@@ -113,3 +121,46 @@ class Applied:
     node: int  # node ordinal for node-keyed and feedback switches, else -1
     # a timer switch's deadline (its lateness is t_ns - due_ns); -1 for other sources
     due_ns: int = -1
+
+
+# Live and replay alike (``Governor.HOLD_FOR_ENGINE``, ``replay(hold=...)``): a graph's
+# records are planned while the engine computes the next one-token graph (GIL free),
+# not in the engine's Python between decodes, and the plan goes to the graph after
+# the last one that has started computing (``Plan.after_graph``, ``retarget``).
+# Planning in the stall held the GIL the engine's sampling needs for the planner's
+# whole run: ~1.1-1.3 ms of host time per gemma token (issue 11's overhead).
+HOLD_FOR_ENGINE = True
+
+
+def after(plan: Plan, graph: int, t0_ns: int) -> Plan:
+    """``plan``, solved after graph ``graph`` (first ask at ``t0_ns``) ended for the
+    graph after it, marked so (``after_graph``) unless it names its graph already."""
+    if plan.graph or plan.after_graph:
+        return plan
+    return replace(plan, after_graph=graph, after_t0_ns=t0_ns)
+
+
+def retarget(plan: Plan, started_graph: int, started_t0_ns: int) -> Plan:
+    """What the executor (``hooks/ti_exec.c``, ``ti_retarget``, and its model) makes of
+    a plan with ``after_graph`` when it takes it, the last graph to start computing
+    being ``started_graph`` (first ask at ``started_t0_ns``; 0: none): the plan is for
+    the graph after that one. When that is the graph after ``after_graph`` the plan is
+    on time as solved. Else the planner ran while the engine computed a later graph
+    (the GIL is free inside ``llama_decode``): the plan is that graph's successor's,
+    not a late plan for the running one, and its ``TIME`` switches (the raise inside
+    the stall before its graph) move by the time between the two graphs' first asks
+    (consecutive decode graphs take about the same time; one that runs longer only
+    sees the raise before its end, which costs energy, not latency). ``OFFSET`` and
+    ``NODE`` keys are relative to the graph: unchanged."""
+    if not plan.after_graph:
+        return plan
+    if started_graph <= plan.after_graph:
+        return replace(plan, graph=plan.after_graph + 1)
+    dt_ns = started_t0_ns - plan.after_t0_ns
+    return replace(
+        plan,
+        graph=started_graph + 1,
+        switches=tuple(
+            replace(s, key=s.key + dt_ns) if s.anchor == Anchor.TIME else s for s in plan.switches
+        ),
+    )

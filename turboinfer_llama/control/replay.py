@@ -54,7 +54,7 @@ from ..engine.segments import Segment
 from .base import Controller, Decision
 from .executor_model import ExecutorModel
 from .graph_batch import GraphBatch, NodeCosts
-from .plan import Applied, Plan
+from .plan import HOLD_FOR_ENGINE, Applied, Plan, after
 
 GRANULARITIES = ("auto", "kernel", "layer", "graph")
 TIMINGS = ("sim", "recorded")
@@ -160,6 +160,13 @@ class _Runner:
         self._live_cutoff: Mapping[int, int] = {}
         # graph -> sorted (deadline - DECODE_BEGIN, how late the live timer fired)
         self._live_late: dict[int, list[tuple[int, int]]] = {}
+        # graph -> its end-of-graph switch's offset from DECODE_BEGIN, live
+        self._live_end: dict[int, int] = {}
+        self._end_due: int | None = None  # a graph end the live engine called late
+        # graphs held for the planner until the engine enters its next one-token
+        # decode (``hold``): (batch, plan delay from then, the request's last graph)
+        self.hold = False
+        self._stash: list[tuple[GraphBatch, int, bool]] = []
 
     def _actuate(self, level: int) -> int:
         """The executor model's actuator: the simulator's clock (errno 0: never fails)."""
@@ -213,12 +220,40 @@ class _Runner:
         ``last``: the request's last graph."""
         if self.on_graph is None:
             return
+        if self.hold and input_ns is None:
+            self._stash.append((batch, delay_ns, last))
+            return
         self._seq += 1
         now = self.dev.now_ns()
         given = min(input_ns, delay_ns) if input_ns is not None else delay_ns
         if last and self._planned_live is not None and batch.graph not in self._planned_live:
             self._held.add(batch.graph)
         bisect.insort(self.graph_q, (now + given, self._seq, batch, now + delay_ns))
+
+    def entering_decode(self, n_tokens: int) -> None:
+        """The engine enters ``llama_decode`` (after DECODE_BEGIN): a one-token decode
+        wakes the planner for the held graphs, each planned ``delay`` from now, as
+        live (``Governor.entering_decode``; a prompt batch computes on every core and
+        wakes nothing)."""
+        if n_tokens > 1 or not self._stash:
+            return
+        held, self._stash = self._stash, []
+        self.hold = False
+        try:
+            for batch, delay_ns, last in held:
+                self.graph_done(batch, delay_ns, last=last)
+        finally:
+            self.hold = True
+
+    def wait_idle(self) -> None:
+        """The end of the run: the held graphs are planned now (live, reading the
+        figures waits for the planner: ``Governor.wait_idle``)."""
+        held, self._stash = self._stash, []
+        hold, self.hold = self.hold, False
+        for batch, _, last in held:
+            self.graph_done(batch, 0, last=last)
+        self.hold = hold
+        self.deliver_graphs()
 
     def request_ended(self, ended: bool) -> None:
         """Around REQUEST_END: before it (``ended`` False), hand the controller the
@@ -243,7 +278,35 @@ class _Runner:
             l0 = begin_ns.get(a.graph)
             if a.source == "timer" and a.due_ns >= 0 and l0 is not None:
                 late.setdefault(a.graph, []).append((a.due_ns - l0, max(0, a.t_ns - a.due_ns)))
+            elif a.source == "end" and l0 is not None:
+                self._live_end[a.graph] = a.t_ns - l0
         self._live_late = {g: sorted(v) for g, v in late.items()}
+
+    def graph_end(self, graph: int, now: int) -> None:
+        """The engine's end of graph (``llama_decode`` returned): the executor's
+        end-of-graph switch now, or, replaying a live run, as late as the live engine
+        thread made it (it runs Python between the decode's return and the native
+        call, and on a busy host it may wait there for the GIL or a core: the live log
+        has that switch's time). Until then the graph is still running for the
+        executor, as it was live."""
+        off = self._live_end.get(graph)
+        v0 = self.graph_begin_ns.get(graph)
+        due = v0 + off if off is not None and v0 is not None else now
+        if due <= now:
+            self.ex.graph_end(now)
+        else:
+            self._end_due = due
+
+    def _fire_end(self, now: int) -> None:
+        """The late graph end, once due (or before the next graph begins)."""
+        due = self._end_due
+        if due is not None and due <= now:
+            self._end_due = None
+            self.ex.graph_end(due)
+
+    def graph_begin(self, graph: int, now: int) -> None:
+        self._fire_end(self._end_due if self._end_due is not None else now)
+        self.ex.graph_begin(graph, now)
 
     def _timer_wake(self) -> int | None:
         """When the executor's timer thread wakes for its next deadline: at the
@@ -319,6 +382,7 @@ class _Runner:
         plan = self.on_graph(batch) if self.on_graph is not None else None
         self.graph_times_ns.append(time.perf_counter_ns() - t0)
         if plan is not None:
+            plan = after(plan, batch.graph, batch.t_first_ns)  # as the Governor
             self.plans += 1
             if set_due > now:
                 self._seq += 1
@@ -347,6 +411,8 @@ class _Runner:
 
     def next_due(self) -> int | None:
         heads = [q[0][0] for q in (self.event_q, self.plan_q, self.set_q) if q]
+        if self._end_due is not None:
+            heads.append(self._end_due)
         if self.graph_q and self.graph_q[0][2].graph not in self._held:
             heads.append(self.graph_q[0][0])
         ex = self._timer_wake()
@@ -359,7 +425,10 @@ class _Runner:
         self.deliver_graphs()
         wake = self._timer_wake()
         if wake is not None and wake <= now:  # the timer thread, awake: fires what is due
+            if self._end_due is not None and self._end_due < wake:
+                self._fire_end(now)
             self.ex.advance(now)
+        self._fire_end(now)
         while True:
             heads = [q for q in (self.event_q, self.plan_q) if q and q[0][0] <= now]
             if not heads:
@@ -485,6 +554,7 @@ def replay(
     graph_inputs_ns: Mapping[int, int] | None = None,
     plans_dropped: Collection[int] | None = None,
     reference: bool = False,
+    hold: bool | None = None,
 ) -> ReplayResult:
     """Run ``segments`` through ``controller`` on ``device`` (a ``SimGpu``).
 
@@ -495,10 +565,14 @@ def replay(
     callback sees node boundaries, as live. ``timing``: ``sim`` re-times kernels on
     the simulator at the clock in effect; ``recorded`` keeps every recorded duration
     (pass-through, for comparing a replay with the live run it was recorded from).
-    ``plan_delay_ns``: how long after a graph ends its records reach the controller
-    (live: the worker's wake-up, ingest and solve); a plan later than the next graph's
-    first kernel is late, as live. ``plan_delays_ns``: per graph id, the delay a live
-    run measured (``PowerSession.record`` saves them), used instead where known.
+    ``plan_delay_ns``: how long the planner takes from its wake-up to the plan (its
+    ingest and solve). ``hold`` (default ``plan.HOLD_FOR_ENGINE``, as live): a graph's
+    records wake the planner when the engine enters its next one-token decode, not at
+    the graph's end, and each plan goes to the graph after the last one that has
+    started computing when it is set (``plan.retarget``); False: at the graph's end,
+    and a plan later than the next graph's first kernel is late.
+    ``plan_delays_ns``: per graph id, the delay a live run measured from the graph's
+    end (``PowerSession.record`` saves them), used instead where known.
     ``counters``: hand the controller the device's counters after each graph; False
     when the live run it is compared with had none (the simulated device's live loop
     runs on engine timing alone).
@@ -557,6 +631,9 @@ def replay(
         r._planned_live = set(plan_delays_ns) | set(plans_dropped or ())
     if plans_dropped is not None:
         r._dropped_live = set(plans_dropped)
+    # the planner's timing, as live: graphs held until the next one-token decode
+    # (``plan.HOLD_FOR_ENGINE``), unless the live run's measured delays are given
+    r.hold = (HOLD_FOR_ENGINE if hold is None else hold) and plan_delays_ns is None
     # the per-graph path: simulator timing on a simulator, no per-node events (offline
     # controllers), no live log to follow; ``reference`` keeps the per-kernel path
     per_graph = (
@@ -588,7 +665,7 @@ def replay(
             return
         in_graph = False
         now = device.now_ns()
-        r.ex.graph_end(now)
+        r.graph_end(graph, now)
         r.emit(EventKind.DECODE_END, graph=graph)
         if prefill_open:
             r.emit(EventKind.PREFILL_END, graph=graph)
@@ -626,10 +703,11 @@ def replay(
         if seg.phase == "prefill":
             prefill_open = True
             r.emit(EventKind.PREFILL_BEGIN, graph=graph, n_tokens=n_tokens)
-        r.ex.graph_begin(graph, device.now_ns())
+        r.graph_begin(graph, device.now_ns())
         t_begin = device.now_ns()
         r.graph_begin_ns[graph] = t_begin
         r.emit(EventKind.DECODE_BEGIN, graph=graph, n_tokens=n_tokens)
+        r.entering_decode(n_tokens)
 
     def ask(nd: Segment) -> None:
         nonlocal ordinal
@@ -876,6 +954,7 @@ def replay(
             done()
     end_request()
     r.deliver_graphs()
+    r.wait_idle()
     res = _result(controller, device, r, gran, t_start, e_start, sw_start)
     res.time_by_phase_ns.update(
         {ph: ns - phase_start.get(ph, 0) for ph, ns in device.time_by_phase_ns.items()}

@@ -67,6 +67,8 @@ class _Plan(ctypes.Structure):
         ("n_nodes", ctypes.c_uint32),
         ("n_switches", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
+        ("after_graph", ctypes.c_uint64),
+        ("after_t0_ns", ctypes.c_int64),
         ("switches", _Switch * PLAN_MAX),
     ]
 
@@ -272,6 +274,8 @@ def plan_struct(plan: Plan) -> _Plan:
         fallback_level=plan.fallback_level,
         n_nodes=plan.n_nodes,
         n_switches=len(plan.switches),
+        after_graph=plan.after_graph,
+        after_t0_ns=plan.after_t0_ns,
     )
     for i, sw in enumerate(plan.switches):
         p.switches[i] = _Switch(
@@ -329,9 +333,17 @@ class NativeExecutor:
         self.actuator = actuator
         self._lib = lib
         self._handle: int | None = handle.value
-        # serialises close against every other call; re-entrant because the restore
-        # guard may call stop() from a signal handler on a thread inside a call
+        # Two locks, both only to keep ``close`` from freeing the handle under a call
+        # (the native side locks its own state). ``_lock``: the planner's and the
+        # control calls; ``_engine``: the calls the engine thread makes around each
+        # ``llama_decode`` (graph begin and end, the stand-in). They are separate so
+        # that the engine never waits for the planner: under a busy host the planner,
+        # holding ``_lock`` across a native call, then waits for the GIL, and a
+        # graph's end switch waited behind it for milliseconds (issue 11). ``close``
+        # takes both (``_lock`` first; nothing else takes both). Re-entrant because
+        # the restore guard may call stop() from a signal handler inside a call.
         self._lock = threading.RLock()
+        self._engine = threading.RLock()
         self._hooks: list[hooks.NativeHook] = []
         self._buf = np.zeros(min(log_capacity, 4096), dtype=APPLIED_DTYPE)
         # close, atexit and SIGTERM/SIGINT stop us before the device (guarded earlier)
@@ -364,17 +376,17 @@ class NativeExecutor:
 
     def graph_begin(self, graph_seq: int) -> None:
         """Only without a hook attached: an attached hook's begin_graph does it."""
-        with self._lock:
+        with self._engine:
             self._lib.ti_exec_graph_begin(self._h(), graph_seq)
 
     def on_node(self, ordinal: int, ask: bool, t_ns: int) -> None:
         """What the eval callback calls natively; here for tests and drivers."""
-        with self._lock:
+        with self._engine:
             self._lib.ti_exec_on_node(self._h(), ordinal, ask, t_ns)
 
     def graph_end(self) -> None:
         """Right after llama_decode returns."""
-        with self._lock:
+        with self._engine:
             self._lib.ti_exec_graph_end(self._h())
 
     def enable_standin(self, memory_share: float = 0.0) -> None:
@@ -394,14 +406,14 @@ class NativeExecutor:
 
     def standin_begin(self) -> None:
         """Right before llama_decode, on the thread that calls it."""
-        with self._lock:
+        with self._engine:
             self._lib.ti_exec_standin_begin(self._h())
 
     def standin_wait(self) -> int:
         """Right after llama_decode returns, on the same thread, before ``graph_end``:
         sleep (GIL released) until the graph's work is done at the levels applied. ns
         slept, -1 when off."""
-        with self._lock:
+        with self._engine:
             return int(self._lib.ti_exec_standin_wait(self._h()))
 
     def standin_status(self) -> dict[str, int]:
@@ -466,7 +478,7 @@ class NativeExecutor:
         self._guard.restore()  # stop(), and no longer in the guard list
         for hook in list(self._hooks):
             hook.attach_executor(None)
-        with self._lock:
+        with self._lock, self._engine:
             if self._handle is None:
                 return
             self._lib.ti_exec_destroy(self._handle)
