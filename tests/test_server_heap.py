@@ -96,7 +96,25 @@ def test_served_app_freezes_while_serving(tiny_gguf):
         assert isinstance(app.state.heap, HeapFreezer)
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
-    off = create_app(TurboServerSettings(port=0, heap_freeze_s=0), [model()])
-    with TestClient(off):
-        assert off.state.heap is None
-        assert gc.get_freeze_count() == 0
+    assert app.state.heap.interval_s is None  # the default: the startup heap, once
+    periodic = create_app(TurboServerSettings(port=0, heap_freeze_s=0.5), [model()])
+    with TestClient(periodic):
+        assert periodic.state.heap.interval_s == 0.5
+        assert periodic.state.heap._thread is not None
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_startup_freeze_only_lets_cycles_go():
+    """The server's default: the startup heap is frozen once; a garbage cycle made
+    afterwards is collected as usual (periodic freezing would keep it until a quiet
+    reclaim)."""
+    f = HeapFreezer(lambda: False, interval_s=None).start()
+    try:
+        assert f._thread is None and gc.get_freeze_count() > 0
+        ref = _cycle()
+        gc.collect()
+        assert ref() is None
+    finally:
+        f.close()
+    assert gc.get_freeze_count() == 0

@@ -42,6 +42,7 @@ import numpy as np
 from .devices.sim import SimGpu, SimProfile
 from .engine.events import StallKind
 from .engine.graph import cost
+from .engine.segment_store import SegmentColumns
 from .engine.segments import Segment
 
 # segments between two calls of PhoneTrace.build's pause point (a few ms of CPU at most)
@@ -209,6 +210,9 @@ class PhoneTrace:
     _seg_at_kernel: np.ndarray | None = field(default=None, repr=False)
     # CPU time ``build`` took (ms on this host; 0 for a trace filled incrementally)
     build_cpu_ms: float = field(default=0.0, repr=False, compare=False)
+    # ``build_columns`` leaves ``_index`` empty (a dict entry per kernel is the burst
+    # of small objects it avoids); ``kernel_index`` fills it from the steps when asked
+    _index_from_steps: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -332,24 +336,166 @@ class PhoneTrace:
             )
             n_kernels += len(flops)
         out = cls(profile.name, steps, request_begin, n_kernels, tokens, index)
-        out._anchors(segs, seg_step, seg_kernel)
+        out._anchors(
+            np.fromiter((x.t_ns for x in segs), dtype=np.int64, count=n),
+            np.fromiter((x.dur_ns for x in segs), dtype=np.int64, count=n),
+            np.asarray(seg_step, dtype=np.int64),
+            np.asarray(seg_kernel, dtype=np.int64),
+        )
         out.build_cpu_ms = (time.process_time() - cpu0) * 1e3
         return out
 
-    def _anchors(self, segs: Sequence[Segment], step: list[int], kernel: list[int]) -> None:
+    @classmethod
+    def build_columns(
+        cls,
+        cols: SegmentColumns,
+        profile: SimProfile,
+        *,
+        pause: Callable[[], None] | None = None,
+    ) -> PhoneTrace:
+        """``build(cols.segments(), profile)`` (host model on) from the arrays of a
+        ``SegmentStore``, with no Python object per segment or kernel: the same steps,
+        request marks, token count and switch anchors, to the bit. A settle worker
+        builds a request's trace this way so its memory is a few arrays, which malloc
+        returns, not tens of thousands of small objects left fragmenting pymalloc's
+        arenas (issue 14). ``kernel_index`` works on it as well (filled on first use).
+        ``pause()`` is called about every ``BUILD_PAUSE_EVERY`` segments, between
+        steps."""
+        n = len(cols)
+        if not n:
+            raise ValueError("accounting needs at least one segment")
+        cpu0 = time.process_time()
+        code = {None: 0, StallKind.SUBMIT: 1, StallKind.INTER_KERNEL: 2}
+        code.update({StallKind.SAMPLE: 3, StallKind.IDLE: 4})
+        table = cols.table
+        # per table entry, then per row
+        e_kernel = np.fromiter((t[0] == "kernel" for t in table), dtype=bool, count=len(table))
+        e_stall = np.fromiter((code.get(t[2], 5) for t in table), dtype=np.int8, count=len(table))
+        work: dict[tuple[str, int], tuple[float, float]] = {}
+        e_flops = np.zeros(len(table), dtype=np.float64)
+        e_bytes = np.zeros(len(table), dtype=np.float64)
+        e_real = np.zeros(len(table), dtype=bool)
+        for j, t in enumerate(table):
+            if t[0] != "kernel":
+                continue
+            key = (t[3], id(t[5]))
+            w = work.get(key)
+            if w is None:
+                c = cost(t[3], t[5])
+                w = work[key] = (c.flops, c.bytes)
+            e_real[j] = w != (0, 0)
+            e_flops[j], e_bytes[j] = w
+        m = cols.meta
+        kern = e_kernel[m]
+        stall = e_stall[m]  # the segment's own ``stall`` (kernels: theirs, None)
+        inter = ~kern & (stall == 2)
+        rows = np.arange(n)
+        # with_graphs: a submit stall takes the graph of the next kernel, a sample stall
+        # that of the last kernel since the last idle stall (graph < 0 only)
+        graph = cols.graph.copy()
+        kg = cols.graph
+        nxt_k = np.minimum.accumulate(np.where(kern, rows, n)[::-1])[::-1]
+        g_next = np.append(kg, -1)[nxt_k]
+        fill = ~kern & (stall == 1) & (graph < 0) & (g_next >= 0)
+        graph[fill] = g_next[fill]
+        last = np.maximum.accumulate(np.where(kern | (~kern & (stall == 4)), rows, -1))
+        g_prev = np.where(last >= 0, np.where(kern[last], kg[last], -1), -1)
+        fill = ~kern & (stall == 3) & (graph < 0) & (g_prev >= 0)
+        graph[fill] = g_prev[fill]
+        # a graph's run of kernels: from a kernel whose last non-inter-kernel segment
+        # before it is not a kernel of its graph, through inter-kernel stalls and that
+        # graph's kernels; everything else is a step of its own (or dropped)
+        last_ni = np.maximum.accumulate(np.where(~inter, rows, -1))
+        prev = np.append(-1, last_ni[:-1])
+        has_prev = prev >= 0
+        prev_kernel = has_prev & kern[np.maximum(prev, 0)]
+        cont = kern & prev_kernel & (graph[np.maximum(prev, 0)] == kg)
+        inner = cont | (inter & prev_kernel)
+        tops = np.flatnonzero(~inner)
+        ends = np.append(tops[1:], n)
+        real = kern & e_real[m]
+        real_at = np.flatnonzero(real)  # kernel index -> row
+        seg_kernel = np.full(n, -1, dtype=np.int64)
+        seg_kernel[real_at] = np.arange(len(real_at))
+        seg_step = np.full(n, -1, dtype=np.int64)
+        k_lo = np.searchsorted(real_at, tops)
+        k_hi = np.searchsorted(real_at, ends)
+        flops_k = e_flops[m[real_at]]
+        bytes_k = e_bytes[m[real_at]]
+        nodes_k = cols.node[real_at]
+        layers_k = cols.layer[real_at]
+        entries = m[tops].tolist()
+        reqs = cols.request[tops].tolist()
+        durs = cols.dur_ns[tops].tolist()
+        graphs = graph[tops].tolist()
+        steps: list[_Graph | _Stall] = []
+        request_begin: dict[int, int] = {}
+        request = -1
+        tokens = 0
+        every = BUILD_PAUSE_EVERY if pause is not None else n + 1
+        next_pause = every
+        idle = StallKind.IDLE
+        for top, (row, e, req, dur, g) in enumerate(
+            zip(tops.tolist(), entries, reqs, durs, graphs, strict=True)
+        ):
+            if row >= next_pause:
+                pause()  # type: ignore[misc]
+                next_pause = row + every
+            kind_s, phase, st = table[e][0], table[e][1], table[e][2]
+            if req >= 0 and req != request and st is not idle:
+                request = req
+                request_begin[len(steps)] = request
+            if kind_s == "stall":
+                kind = st or idle
+                if kind is StallKind.INTER_KERNEL:
+                    continue
+                seg_step[row] = len(steps)
+                if kind is idle:
+                    request = -1
+                    steps.append(_Stall(int(dur), kind.value, phase, -1, g))
+                    continue
+                tok = -1
+                if kind is StallKind.SAMPLE and request >= 0:
+                    tok = request
+                    tokens += 1
+                steps.append(_Stall(profile.scale_host_ns(dur), kind.value, phase, tok, g))
+                continue
+            a, b = int(k_lo[top]), int(k_hi[top])
+            if b == a:
+                continue
+            steps.append(
+                _Graph(
+                    g,
+                    phase,
+                    flops_k[a:b],
+                    bytes_k[a:b],
+                    profile.host_gaps_ns(b - a),
+                    a,
+                    nodes_k[a:b],
+                    layers_k[a:b],
+                )
+            )
+        out = cls(profile.name, steps, request_begin, len(real_at), tokens)
+        out._index_from_steps = True
+        out._anchors(cols.t_ns, cols.dur_ns, seg_step, seg_kernel)
+        out.build_cpu_ms = (time.process_time() - cpu0) * 1e3
+        return out
+
+    def _anchors(
+        self, t_ns: np.ndarray, dur_ns: np.ndarray, st: np.ndarray, ke: np.ndarray
+    ) -> None:
         """Where a switch issued at each recorded segment's start lands: a stall step's
         start, or the next launched kernel (a dropped segment -- a recorded
-        inter-kernel gap, a no-op kernel -- takes the anchor of the one after it)."""
-        n = len(segs)
-        st = np.asarray(step, dtype=np.int64)
-        ke = np.asarray(kernel, dtype=np.int64)
+        inter-kernel gap, a no-op kernel -- takes the anchor of the one after it).
+        ``st``/``ke``: the stall step / kernel index each segment became (-1: none)."""
+        n = len(t_ns)
         has = (st >= 0) | (ke >= 0)
         nxt = np.where(has, np.arange(n), n)
         nxt = np.minimum.accumulate(nxt[::-1])[::-1]  # next segment with an anchor
         st_x = np.append(st, -1)
         ke_x = np.append(np.where(st >= 0, -1, ke), self.n_kernels)  # past the end
-        self._seg_t_ns = np.fromiter((x.t_ns for x in segs), dtype=np.int64, count=n)
-        self._seg_dur_ns = np.fromiter((x.dur_ns for x in segs), dtype=np.int64, count=n)
+        self._seg_t_ns = t_ns
+        self._seg_dur_ns = dur_ns
         self._seg_step = st
         self._seg_at_step = st_x[nxt]
         self._seg_at_kernel = np.where(st_x[nxt] >= 0, -1, ke_x[nxt])
@@ -460,6 +606,12 @@ class PhoneTrace:
     def kernel_index(self, graph: int, node: int) -> int:
         """Global index of a graph's node among the trace's kernels (for switches
         anchored to nodes, as a per-graph plan is)."""
+        if self._index_from_steps:
+            self._index_from_steps = False
+            for step in self.steps:
+                if isinstance(step, _Graph):
+                    for j, nd in enumerate(step.node_ids.tolist()):
+                        self._index[(step.graph, nd)] = step.first_kernel + j
         try:
             return self._index[(graph, node)]
         except KeyError:

@@ -27,13 +27,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .accounting import PhoneTrace, Switches, applied_energy, default_shadow
 from .control.factory import for_device, make_controller
 from .control.replay import replay
 from .devices import open_device
 from .devices.base import DeviceError, GpuDevice
 from .devices.sim import SimGpu
-from .engine.events import Event, StallKind
+from .engine.events import Event
+from .engine.segment_store import SegmentColumns, SegmentStore, is_idle_stall, is_kernel
 from .engine.segments import Segment
 from .settings import PowerSettings
 
@@ -164,10 +167,11 @@ class SimulatedAccount(_EngineCalls):
         self.applied_j = 0.0
         self.replay_pass_j = 0.0
         self.pass_tokens = 0
-        self._lock = threading.Lock()  # guards _pending/_ready/counters below (brief)
+        self._lock = threading.Lock()  # guards _store/counters below (brief)
         self._replay_lock = threading.Lock()  # one settle at a time, in order
-        self._pending: list[Segment] = []
-        self._ready: list[Segment] = []
+        # the segments not yet settled, as arrays (engine.segment_store): a backlog of
+        # Segment objects would fragment pymalloc's arenas for good (issue 14)
+        self._store = SegmentStore()
         self.received = 0  # segments handed to add() so far
         self._ready_upto = 0  # segments up to the last finished request
         self.settled_upto = 0  # segments processed by settling (in order)
@@ -189,14 +193,12 @@ class SimulatedAccount(_EngineCalls):
 
     def add(self, segments: list[Segment]) -> None:
         with self._lock:
-            self._pending.extend(segments)
+            self._store.extend(segments)
             self.received += len(segments)
 
     def request_done(self) -> None:
-        """Everything pending belongs to finished requests: ready to settle."""
+        """Everything received belongs to finished requests: ready to settle."""
         with self._lock:
-            self._ready.extend(self._pending)
-            self._pending = []
             self._ready_upto = self.received
 
     def add_settled_sink(self, sink: Callable[[dict[str, Any]], None]) -> None:
@@ -218,27 +220,60 @@ class SimulatedAccount(_EngineCalls):
         finished request has been settled."""
         with self._replay_lock:
             with self._lock:
-                ready, self._ready = self._ready, []
-                first = self._ready_upto - len(ready)  # index of ready[0] in received
-            parts = _split_requests(ready)
-            if any(s.kind == "kernel" for s in ready):
+                first, upto = self.settled_upto, self._ready_upto
+                bounds, has_kernel, t_next = self._parts(first, upto)
+            if has_kernel.any():
                 self.loop.wait_idle()
-            done = 0
-            for i, part in enumerate(parts):
-                if stop is not None and stop():
-                    rest = [s for p in parts[i:] for s in p]
-                    with self._lock:
-                        self._ready = rest + self._ready
-                    return False
-                if any(s.kind == "kernel" for s in part):
-                    # the loop's switches issued before this request's end (or the
-                    # next one's start): those of this request
-                    nxt = parts[i + 1][0].t_ns if i + 1 < len(parts) else None
-                    end = part[-1].t_ns + max(part[-1].dur_ns, 0) if nxt is None else nxt
-                    self._settle_one(part, self._issued_until(end), pause)
-                done += len(part)
-                self.settled_upto = first + done
+            try:
+                for i in range(len(bounds) - 1):
+                    if stop is not None and stop():
+                        return False
+                    lo, hi = int(bounds[i]), int(bounds[i + 1])
+                    if has_kernel[i]:
+                        with self._lock:
+                            part = self._store.columns(lo, hi)
+                        # the loop's switches issued before this request's end (or the
+                        # next one's start): those of this request
+                        end = (
+                            int(part.t_ns[-1]) + max(int(part.dur_ns[-1]), 0)
+                            if i + 2 == len(bounds)
+                            else int(t_next[i])
+                        )
+                        self._settle_one(part, self._issued_until(end), pause)
+                        del part
+                    self._advance(hi)
+            except SettleAborted:
+                raise
+            except Exception:
+                self._advance(upto)  # as before: a failed batch is not settled again
+                raise
             return True
+
+    def _parts(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The finished requests among segments ``lo``..``hi`` (``_split_requests``, on
+        the arrays): their bounds (absolute indices, ``len(parts) + 1`` of them),
+        whether each has a kernel, and the start of the part after each (last: -1)."""
+        store = self._store
+        meta = store.column("meta", lo, hi)
+        idle = store.meta_mask(is_idle_stall)[meta]
+        kern = store.meta_mask(is_kernel)[meta]
+        cuts = np.flatnonzero(idle)
+        cuts = cuts[cuts > 0]
+        rel = np.concatenate(([0], cuts, [hi - lo])) if hi > lo else np.zeros(1, np.int64)
+        has = (
+            np.add.reduceat(kern.astype(np.int64), rel[:-1]) > 0
+            if len(rel) > 1
+            else np.zeros(0, dtype=bool)
+        )
+        t_ns = store.column("t_ns", lo, hi)
+        t_next = np.append(t_ns[rel[1:-1]], -1) if len(rel) > 1 else np.zeros(0, np.int64)
+        return rel + lo, has, t_next
+
+    def _advance(self, upto: int) -> None:
+        """Segments before ``upto`` are settled: forget them."""
+        with self._lock:
+            self.settled_upto = upto
+            self._store.drop_before(upto)
 
     def _issued_until(self, end_ns: int) -> list[tuple[int, int]]:
         """The live loop's applied switches (host t_ns, Hz) not yet accounted, issued
@@ -256,16 +291,22 @@ class SimulatedAccount(_EngineCalls):
 
     def _settle_one(
         self,
-        req: list[Segment],
+        req: SegmentColumns | list[Segment],
         issued: list[tuple[int, int]],
         pause: Callable[[], None] | None,
     ) -> None:
+        """Account one finished request: its segments as arrays (the backlog's rows,
+        ``PhoneTrace.build_columns``) or as objects (``PhoneTrace.build``); the same
+        figures either way."""
         t0 = time.thread_time_ns()
         profile = self.device.profile
         dev: Any = self.device if pause is None else _Gated(self.device, pause)
         shadow: Any = self.shadow if pause is None else _Gated(self.shadow, pause)
         try:
-            trace = PhoneTrace.build(req, profile, pause=pause)
+            if isinstance(req, SegmentColumns):
+                trace = PhoneTrace.build_columns(req, profile, pause=pause)
+            else:
+                trace = PhoneTrace.build(req, profile, pause=pause)
             t1 = time.thread_time_ns()
             switches = trace.place([t for t, _ in issued], [hz for _, hz in issued])
             if self._device_governs:  # the loop issues nothing: the governor decides
@@ -282,7 +323,7 @@ class SimulatedAccount(_EngineCalls):
         self.build_cpu_ns += t1 - t0
         self.passes_cpu_ns += t2 - t1
         if self.replay_check and not self._device_governs:
-            self._check(req, trace, switches)
+            self._check(req if isinstance(req, list) else req.segments(), trace, switches)
         self.settle_cpu_ns += time.thread_time_ns() - t0
         self.virtual_s += acc.duration_ns * 1e-9
         self.tokens += acc.tokens
@@ -290,7 +331,11 @@ class SimulatedAccount(_EngineCalls):
         self.switches += acc.switches
         self.issued += len(issued)
         record = {
-            "request": next(s.request for s in req if s.kind == "kernel"),
+            "request": (
+                next(s.request for s in req if s.kind == "kernel")
+                if isinstance(req, list)
+                else int(req.request[req.entry_mask(is_kernel)][0])
+            ),
             "energy_j": acc.energy_j,
             "default_energy_j": base.energy_j,
             "tokens": acc.tokens,
@@ -449,16 +494,6 @@ class SimulatedAccount(_EngineCalls):
         self.loop.close()
         self.device.close()
         self.shadow.close()
-
-
-def _split_requests(segments: list[Segment]) -> list[list[Segment]]:
-    """Split at idle stalls; each part keeps its leading idle gap."""
-    parts: list[list[Segment]] = [[]]
-    for s in segments:
-        if s.stall is StallKind.IDLE and parts[-1]:
-            parts.append([])
-        parts[-1].append(s)
-    return [p for p in parts if p]
 
 
 class RealDeviceControl(_EngineCalls):

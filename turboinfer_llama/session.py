@@ -85,13 +85,16 @@ class PowerSession:
         account = live if isinstance(live, SimulatedAccount) else None
         self._account = account
         window_s = settings.timeline_window_s
+        # The window drops its Segment objects on its bounds even before accounting
+        # has settled them: the accounting keeps its own copy of every segment it has
+        # not settled, packed in arrays (``live.SimulatedAccount``), so none is lost
+        # and a backlog costs no small Python objects (issue 14's memory bound).
         self._timeline = Timeline(
             settings.timeline_max_events,
             window_ns=int(window_s * 1e9) if window_s > 0 else None,
-            hold_unsettled=account is not None,
         )
         # Memory bound: past these backlogs the worker decodes and settles even while
-        # requests run (unsettled segments stay in the timeline until settled).
+        # requests run (unsettled segments wait in the accounting's arrays).
         self._wake_records = self.WAKE_RECORDS
         self._settle_backlog = max(self.WAKE_RECORDS, settings.timeline_max_events)
         self._last_end_ns = now_ns()
@@ -143,7 +146,6 @@ class PowerSession:
         self.materialize()
         old, self.live, self._real, self._loop = self.live, None, None, None
         self._account = None
-        self._timeline.hold_unsettled = False  # nothing will settle the held segments
         if old is not None:
             old.close()
         live = RealDeviceControl(self.settings, device, controller, owns_device=False)
@@ -491,7 +493,11 @@ class PowerSession:
         """(totals, window, hook overflow) now; takes the timeline's and hook's locks."""
         hook = self._hook
         tl = self._timeline
-        return tl.totals(), tl.window(), (hook.overflow if hook else 0)
+        window = tl.window()
+        account = self._account
+        if account is not None:  # held by the accounting, not by the window
+            window["unsettled_segments"] = account.unsettled_segments
+        return tl.totals(), window, (hook.overflow if hook else 0)
 
     def settled_energy(self) -> dict[str, Any] | None:
         """``energy()`` as last settled by the worker, at once (no replay, no wait)."""

@@ -140,11 +140,9 @@ def _lifespan(app: FastAPI, ledger: RequestLedger, heap_freeze_s: float) -> None
     @contextlib.asynccontextmanager
     async def lifespan(a: Any) -> AsyncIterator[Any]:
         async with inner(a) as state:
-            freezer = (
-                HeapFreezer(lambda: _quiet(ledger), heap_freeze_s).start()
-                if heap_freeze_s > 0
-                else None
-            )
+            freezer = HeapFreezer(
+                lambda: _quiet(ledger), heap_freeze_s if heap_freeze_s > 0 else None
+            ).start()
             app.state.heap = freezer
             try:
                 yield state

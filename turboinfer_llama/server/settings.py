@@ -117,12 +117,13 @@ class TurboServerSettings(ServerSettings):
         "the loaded model. True: an unknown model name gets 404 model_not_found.",
     )
     heap_freeze_s: float = Field(
-        default=1.0,
+        default=0.0,
         ge=0.0,
-        description="Every this many seconds, move the objects that survived into Python's "
-        "permanent GC generation, so a full garbage collection (which holds the GIL) "
-        "never walks the startup heap or the accounting backlog; garbage cycles among "
-        "them are reclaimed once the server is quiet. 0: off (Python's default GC).",
+        description="0 (default): once the model is loaded, move the startup heap "
+        "(modules, models, ~110k objects) into Python's permanent GC generation, so a "
+        "full garbage collection (which holds the GIL) never walks it. > 0: also every "
+        "this many seconds, everything that survived; garbage cycles among them are then "
+        "reclaimed only once the server is quiet, so memory grows under sustained load.",
     )
 
 
