@@ -69,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(TARGETS),
         help=f"comma-separated subset of {','.join(TARGETS)}",
     )
+    ap.add_argument(
+        "--hold-for-engine",
+        action="store_true",
+        help="the live loop plans each graph inside the next llama_decode, GIL free "
+        "(Governor.HOLD_FOR_ENGINE; off by default)",
+    )
     args = ap.parse_args(argv)
     model = args.model or default_model()
     chosen = [g.strip() for g in args.granularities.split(",") if g.strip()]
@@ -88,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         for g in chosen
         if g != LIVE
     }
+    if args.hold_for_engine:
+        from ..control.governor import Governor
+
+        Governor.HOLD_FOR_ENGINE = True
     if LIVE in chosen:
         ours[LIVE] = Llama(
             **common, power={"granularity": "graph", "controller": "tmpc", "device": "sim"}
