@@ -29,7 +29,10 @@ ORIN = "/sys/class/devfreq/17000000.ga10b"
 RESTORE_BUDGET_S = 1.0  # issue 15: back within 1 s of the owner's death
 
 CHILD = """
-import sys, time
+import signal, sys, time
+# the owner dies of the signals it does not handle, even when started under nohup
+# (SIGHUP ignored by the test run is inherited through exec)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 sys.path.insert(0, sys.argv[3])
 from turboinfer_llama.devices import open_device
 root, spec = sys.argv[1], sys.argv[2]
