@@ -146,12 +146,15 @@ def test_metrics(server):
     # the worker derives the finished request's stalls after it returns: compare a
     # /metrics read with /v1/power reads on either side of it that agree
     for _ in range(50):
-        before = server.power()["stalls"]
+        before = server.power()
         with server.http() as h:
             r = h.get("/metrics")
-        if server.power()["stalls"] == before:
+        doc = server.power()  # the figures the /metrics read must match
+        if doc["stalls"] == before["stalls"] and doc["requests"] == before["requests"]:
             break
         time.sleep(0.1)
+    else:
+        pytest.fail("the stall totals never held still across a /metrics read")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
@@ -161,7 +164,6 @@ def test_metrics(server):
     assert types["turboinfer_energy_joules"] == "counter"
     assert types["turboinfer_tokens"] == "counter"
     assert types["turboinfer_frequency_switches"] == "counter"
-    doc = server.power()
     (tokens,) = families["turboinfer_tokens"].samples
     assert tokens.value == pytest.approx(doc["requests"]["tokens"], abs=0)
     assert tokens.labels["model"] == MODEL
