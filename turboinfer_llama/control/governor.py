@@ -402,7 +402,7 @@ class Governor:
         another worker thread). A planner running there takes the GIL at each of
         llama-cpp-python's ctypes calls and delays the next token by up to its CPU
         time (measured on gemma, 2-core host: the engine's time between two decodes
-        went from 1.3 to 2.5-3.0 ms). Inside ``llama_decode`` the GIL is free (with the
+        went from 1.3 to 2.3-3.0 ms). Inside ``llama_decode`` the GIL is free (with the
         eval hook installed, llama.cpp computes the graph synchronously there, also on
         a GPU) and the planner runs beside the engine on another core (1.4-1.5 ms
         between decodes). With ``HOLD_FOR_ENGINE`` a plan solved there is for the
