@@ -224,6 +224,13 @@ class _Runner:
         if self.hold and input_ns is None:
             self._stash.append((batch, delay_ns, last))
             return
+        self._plan_from_now(batch, delay_ns, input_ns, last)
+
+    def _plan_from_now(
+        self, batch: GraphBatch, delay_ns: int, input_ns: int | None, last: bool
+    ) -> None:
+        """Queue ``batch`` for the controller ``input_ns`` from now (or ``delay_ns``),
+        its plan for the executor ``delay_ns`` from now."""
         self._seq += 1
         now = self.dev.now_ns()
         given = min(input_ns, delay_ns) if input_ns is not None else delay_ns
@@ -239,21 +246,15 @@ class _Runner:
         if n_tokens > 1 or not self._stash:
             return
         held, self._stash = self._stash, []
-        self.hold = False
-        try:
-            for batch, delay_ns, last in held:
-                self.graph_done(batch, delay_ns, last=last)
-        finally:
-            self.hold = True
+        for batch, delay_ns, last in held:
+            self._plan_from_now(batch, delay_ns, None, last)
 
     def wait_idle(self) -> None:
         """The end of the run: the held graphs are planned now (live, reading the
         figures waits for the planner: ``Governor.wait_idle``)."""
         held, self._stash = self._stash, []
-        hold, self.hold = self.hold, False
         for batch, _, last in held:
-            self.graph_done(batch, 0, last=last)
-        self.hold = hold
+            self._plan_from_now(batch, 0, None, last)
         self.deliver_graphs()
 
     def request_ended(self, ended: bool) -> None:

@@ -778,13 +778,7 @@ class SimGpu:
                 )
         else:
             self._instructions += float(work.sum())
-        self.kernels += m
-        self._t = t_end
-        self._idle_since = None
-        ends[i : i + m] = end[:m]
-        if notify:
-            self._tz_notify()
-        return m
+        return self._span_done(m, t_end, ends, i, end, notify)
 
     def _small_span(
         self,
@@ -874,6 +868,13 @@ class SimGpu:
                 )
         else:
             self._instructions += work_sum
+        return self._span_done(m, t_end, ends, i, end, notify)
+
+    def _span_done(
+        self, m: int, t_end: int, ends: np.ndarray, i: int, end: Any, notify: bool
+    ) -> int:
+        """Both batch paths' end: ``m`` kernels ran up to ``t_end``, their ends (``end``)
+        go to ``ends[i:]``; the governor hears of it when ``notify``."""
         self.kernels += m
         self._t = t_end
         self._idle_since = None
