@@ -38,7 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TI_TIMER_MAX (2 * TI_PLAN_MAX) /* a pending plan's TIME + the active plan's */
+#define TI_TIMER_MAX (3 * TI_PLAN_MAX) /* pending, claimed and active plans' TIME */
+#define TI_ENDS 4 /* graph ends remembered (ti_end_of) */
 #define TI_DEFER_CAP 16384u            /* callback events handed over, power of two */
 #define TI_NO_DUE INT64_MAX
 #define TI_SYSFS_MAGIC 0x62656572 /* linux/magic.h SYSFS_MAGIC */
@@ -101,8 +102,22 @@ struct ti_exec {
 	int32_t cur_level;
 	int32_t floor_level; /* SYSFS_PAIR: level each file holds now */
 	int32_t ceiling_level;
-	struct ti_slot slots[3];
+	struct ti_slot slots[4];
 	int pending; /* slot index, -1 = none */
+	int claimed; /* a plan for the begun graph, behind a later pending one; -1 = none */
+	/* graph_end times of the last TI_ENDS graphs, by sequence (a ring) */
+	uint64_t end_seq[TI_ENDS];
+	int64_t end_ns[TI_ENDS];
+	uint32_t end_next;
+	/*
+	 * The pending plan (gen def_gen) was retargeted past graph def_seq before it
+	 * ended: its TIME switches are armed at that graph's end, moved by the time since
+	 * def_base_ns (the end of the graph it was solved after). Valid when time_deferred.
+	 */
+	bool time_deferred;
+	uint64_t def_gen;
+	uint64_t def_seq;
+	int64_t def_base_ns;
 	int active;  /* slot index of the last activated plan, -1 = none */
 	uint64_t act_gen;
 	int32_t last_fallback;
@@ -458,11 +473,11 @@ static int ti_free_slot(const struct ti_exec *ex)
 {
 	int i;
 
-	for (i = 0; i < 3; i++) {
-		if (i != ex->pending && i != ex->active)
+	for (i = 0; i < 4; i++) {
+		if (i != ex->pending && i != ex->active && i != ex->claimed)
 			return i;
 	}
-	return -1; /* unreachable: three slots, two in use at most */
+	return -1; /* unreachable: four slots, three in use at most */
 }
 
 /* Re-times the remaining NODE switches at t0 + expect_ns (a graph of another size). */
@@ -548,6 +563,21 @@ static void ti_start_graph(struct ti_exec *ex, int64_t t_ns)
 	ex->planned_level = -1;
 	ex->node_cursor = 0;
 	ti_timers_drop(ex, 0, true);
+	if (ex->claimed >= 0) {
+		int idx = ex->claimed;
+
+		ex->claimed = -1;
+		p = &ex->slots[idx].plan;
+		if (p->graph == ex->seq) {
+			ti_activate(ex, idx);
+			ti_arm_offsets(ex, &ex->slots[idx], t_ns, false, &first);
+			ex->planned_level = p->first_level;
+			ti_apply(ex, p->first_level, TI_SRC_FIRST, -1);
+			pthread_cond_signal(&ex->wake);
+			return;
+		}
+		ti_timers_drop(ex, ex->slots[idx].gen, false);
+	}
 	if (ex->pending >= 0) {
 		p = &ex->slots[ex->pending].plan;
 		if (p->graph == 0 || p->graph == ex->seq) {
@@ -829,7 +859,7 @@ TI_API int ti_exec_create(const struct ti_exec_config *cfg, struct ti_exec **out
 	ex->cur_level = cfg->initial_level;
 	ex->floor_level = cfg->initial_floor;
 	ex->ceiling_level = cfg->initial_ceiling;
-	ex->pending = ex->active = -1;
+	ex->pending = ex->active = ex->claimed = -1;
 	ex->last_fallback = -1;
 	ex->awaiting_first = true;
 	ex->max_ask = -1;
@@ -970,30 +1000,45 @@ TI_API int ti_exec_set_plan(struct ti_exec *ex, const struct ti_plan *plan)
 
 /*
  * Caller holds mu. A plan solved after graph after_graph: for the graph after the last
- * one that has started computing (see struct ti_plan), control/plan.py's retarget.
+ * one begun (see struct ti_plan), control/plan.py's retarget.
  */
 static void ti_retarget(const struct ti_exec *ex, struct ti_plan *p)
 {
-	int64_t shift_ns;
+	p->graph = (ex->seq > p->after_graph ? ex->seq : p->after_graph) + 1;
+}
+
+/* Caller holds mu. The graph_end time of graph seq, or -1 when not remembered. */
+static int64_t ti_end_of(const struct ti_exec *ex, uint64_t seq)
+{
 	uint32_t i;
 
-	if (ex->started_seq <= p->after_graph) {
-		p->graph = p->after_graph + 1;
-		return;
+	for (i = 0; i < TI_ENDS; i++) {
+		if (ex->end_seq[i] == seq && ex->end_ns[i] > 0)
+			return ex->end_ns[i];
 	}
-	p->graph = ex->started_seq + 1;
-	shift_ns = ex->t0_ns - p->after_t0_ns;
+	return -1;
+}
+
+/* Caller holds mu. Arms the TIME switches of slot idx, moved by shift_ns. */
+static void ti_arm_time(struct ti_exec *ex, int idx, int64_t shift_ns)
+{
+	const struct ti_plan *p = &ex->slots[idx].plan;
+	uint32_t i;
+
 	for (i = 0; i < p->n_switches; i++) {
-		if (p->switches[i].anchor == TI_ANCHOR_TIME)
-			p->switches[i].key += shift_ns;
+		const struct ti_switch *sw = &p->switches[i];
+
+		if (sw->anchor == TI_ANCHOR_TIME)
+			ti_timer_add(ex, sw->key + shift_ns, sw->expect_ns, sw->level,
+				     ex->slots[idx].gen, false);
 	}
 }
 
 TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, int64_t *t_ns)
 {
 	struct ti_plan *sp;
-	int64_t now_ns;
-	uint32_t i;
+	int64_t now_ns, after_end_ns = -1, plan_t0_ns;
+	bool passed = false;
 	int idx;
 
 	if (ex == NULL || !ti_plan_ok(ex, plan))
@@ -1007,21 +1052,46 @@ TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, i
 	ex->plans_set++;
 	ti_slot_fill(&ex->slots[idx], plan, ex->plans_set);
 	sp = &ex->slots[idx].plan;
-	if (sp->after_graph > 0)
+	plan_t0_ns = sp->after_t0_ns;
+	if (sp->after_graph > 0) {
+		passed = ex->seq > sp->after_graph;
+		after_end_ns = ti_end_of(ex, sp->after_graph);
 		ti_retarget(ex, sp);
+	}
 	if (ex->in_graph && (sp->graph == ex->seq || (sp->graph == 0 && !ex->graph_active))) {
 		ti_set_late(ex, idx, now_ns);
 	} else {
-		if (ex->pending >= 0)
-			ti_timers_drop(ex, ex->slots[ex->pending].gen, false);
-		ex->pending = idx;
-		for (i = 0; i < sp->n_switches; i++) {
-			const struct ti_switch *sw = &sp->switches[i];
+		int64_t shift_ns = 0;
+		bool arm = true;
 
-			if (sw->anchor == TI_ANCHOR_TIME)
-				ti_timer_add(ex, sw->key, sw->expect_ns, sw->level, ex->plans_set,
-					     false);
+		if (ex->pending >= 0 && ex->awaiting_first &&
+		    ex->slots[ex->pending].plan.graph == ex->seq && sp->graph > ex->seq) {
+			/* the pending plan is the begun graph's: it stays, claimed */
+			if (ex->claimed >= 0)
+				ti_timers_drop(ex, ex->slots[ex->claimed].gen, false);
+			ex->claimed = ex->pending;
+		} else if (ex->pending >= 0) {
+			ti_timers_drop(ex, ex->slots[ex->pending].gen, false);
 		}
+		ex->pending = idx;
+		ex->time_deferred = false;
+		if (passed && after_end_ns >= 0) {
+			int64_t run_end_ns = ti_end_of(ex, ex->seq);
+
+			if (run_end_ns < 0) { /* armed at the passed graph's end */
+				ex->time_deferred = true;
+				ex->def_gen = ex->slots[idx].gen;
+				ex->def_seq = ex->seq;
+				ex->def_base_ns = after_end_ns;
+				arm = false;
+			} else {
+				shift_ns = run_end_ns - after_end_ns;
+			}
+		} else if (passed) {
+			shift_ns = ex->t0_ns - plan_t0_ns; /* its end unknown: by the starts */
+		}
+		if (arm)
+			ti_arm_time(ex, idx, shift_ns);
 	}
 	ti_fire_due(ex, now_ns);
 	pthread_cond_signal(&ex->wake);
@@ -1070,12 +1140,19 @@ TI_API void ti_exec_on_node(struct ti_exec *ex, int32_t ordinal, bool ask, int64
 
 TI_API void ti_exec_graph_end(struct ti_exec *ex)
 {
+	ti_exec_graph_end_at(ex, NULL);
+}
+
+TI_API void ti_exec_graph_end_at(struct ti_exec *ex, int64_t *t_ns)
+{
 	int64_t now_ns;
 
 	if (ex == NULL)
 		return;
 	ti_lock(ex);
 	now_ns = ti_clock_ns();
+	if (t_ns != NULL)
+		*t_ns = now_ns;
 	ti_fire_due(ex, now_ns);
 	if (ex->in_graph) {
 		ex->in_graph = false;
@@ -1089,6 +1166,14 @@ TI_API void ti_exec_graph_end(struct ti_exec *ex)
 			ti_timers_drop(ex, 0, true);
 			ti_apply(ex, p->end_level, TI_SRC_END, -1);
 		}
+	}
+	ex->end_seq[ex->end_next] = ex->seq;
+	ex->end_ns[ex->end_next] = now_ns;
+	ex->end_next = (ex->end_next + 1) % TI_ENDS;
+	if (ex->time_deferred && ex->def_seq == ex->seq) {
+		ex->time_deferred = false;
+		if (ex->pending >= 0 && ex->slots[ex->pending].gen == ex->def_gen)
+			ti_arm_time(ex, ex->pending, now_ns - ex->def_base_ns);
 	}
 	ex->awaiting_first = true;
 	ti_fire_due(ex, now_ns);

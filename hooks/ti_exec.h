@@ -71,9 +71,10 @@ struct ti_plan {
 	/*
 	 * > 0: the plan was solved after graph after_graph ended (first ask at
 	 * after_t0_ns) for the graph after it, and graph is ignored. Set, it is for the
-	 * graph after the last one that has started computing: after_graph + 1 when none
-	 * has since; else that graph + 1, its TIME switches moved by the time between the
-	 * two graphs' first asks (the planner ran while the engine computed that one).
+	 * graph after the last one begun: after_graph + 1 when none has since; else that
+	 * graph + 1, its TIME switches armed at that graph's end and moved by the time
+	 * between the two graphs' ends (the planner ran while the engine ran that one;
+	 * by the time between their first asks where the earlier end is not remembered).
 	 * Such a plan is never late. 0: graph applies.
 	 */
 	uint64_t after_graph;
@@ -146,6 +147,8 @@ TI_API void ti_exec_graph_begin(struct ti_exec *ex, uint64_t graph_seq);
 TI_API void ti_exec_on_node(struct ti_exec *ex, int32_t ordinal, bool ask, int64_t t_ns);
 /* Right after llama_decode returns. */
 TI_API void ti_exec_graph_end(struct ti_exec *ex);
+/* ti_exec_graph_end, storing in *t_ns (when not NULL) the clock it ended the graph at. */
+TI_API void ti_exec_graph_end_at(struct ti_exec *ex, int64_t *t_ns);
 /* Immediate switch (source NOW). 0 or -EINVAL. */
 TI_API int ti_exec_switch_now(struct ti_exec *ex, int32_t level);
 /* Copies up to max applied records, oldest first; never waits for the executor. */

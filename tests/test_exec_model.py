@@ -73,6 +73,9 @@ def run_native(steps: list[Step]) -> tuple[list[Applied], dict[str, int], list[t
                 timed.append((Step("plan", plan), t))
                 ex.set_plan(plan)
                 continue
+            if step.op == "end":  # at the executor's own clock (stall switches use it)
+                timed.append((step, ex.graph_end()))
+                continue
             timed.append((step, t))
             if step.op == "begin":
                 ex.graph_begin(step.arg)
@@ -310,7 +313,8 @@ def test_late_plan_falls_back_then_collapses_passed_switches() -> None:
 def test_a_plan_solved_while_a_later_graph_runs_is_for_the_graph_after_it() -> None:
     """Issue 11: the planner ran while the engine computed graph 2 (GIL free), on graph
     1's records: its plan is graph 3's, never a late plan for graph 2, and its stall
-    raise moves by the time between graph 1's and graph 2's first asks."""
+    raise, armed at graph 2's end, moves by the time between graph 1's and graph 2's
+    ends (the graphs here take the same time, so also about their first asks')."""
     p1 = Plan(first_level=1, end_level=0, fallback_level=1)
     ahead = Plan(
         first_level=3,
@@ -349,9 +353,10 @@ def test_a_plan_solved_while_a_later_graph_runs_is_for_the_graph_after_it() -> N
     assert abs(log[3].due_ns - (log[2].t_ns + 60 * MS)) < MS
 
 
-def test_a_plan_solved_after_a_graph_is_in_time_for_the_next_one_not_yet_computing() -> None:
-    """Set after graph 2 began but before its first ask, graph 1's plan is graph 2's,
-    its raise where it was solved."""
+def test_a_plan_solved_after_a_graph_goes_past_the_one_begun() -> None:
+    """Set after graph 2 began, even before its first ask, graph 1's plan is graph 3's:
+    which graph a plan solved inside the next decode lands on does not depend on how
+    soon that decode's first kernel comes (the controller plans for it, two ahead)."""
     p1 = Plan(first_level=1, end_level=0, fallback_level=1)
     nxt = Plan(first_level=3, end_level=0, fallback_level=3, after_graph=1)
     steps = [
@@ -363,10 +368,60 @@ def test_a_plan_solved_after_a_graph_is_in_time_for_the_next_one_not_yet_computi
         Step("plan", nxt),
         *nodes(0, 3, done=True),
         Step("end"),
+        Step("begin", 3),
+        *nodes(0, 3, done=True),
+        Step("end"),
     ]
     log, _, status = compare(steps)
-    assert sources(log) == [(1, "first", -1), (0, "end", -1), (3, "first", -1), (0, "end", -1)]
-    assert status["late_plans"] == 0
+    assert sources(log) == [
+        (1, "first", -1),
+        (0, "end", -1),
+        (1, "fallback", -1),
+        (3, "first", -1),
+        (0, "end", -1),
+    ]
+    assert [a.graph for a in log] == [1, 1, 2, 3, 3]
+    assert status["late_plans"] == 1  # graph 2
+
+
+def test_the_begun_graphs_plan_is_kept_when_the_next_ones_arrives_before_its_first_ask() -> None:
+    """Planning two ahead: graph 3's plan (solved after graph 1, set while graph 2
+    ran) is still pending when graph 3 begins, and graph 4's (solved after graph 2)
+    arrives before graph 3's first ask. Graph 3's is kept (claimed) and runs graph 3;
+    graph 4's waits behind it. With one pending slot graph 4's would replace it and
+    graph 3 would run on a fallback."""
+    p1 = Plan(first_level=1, end_level=0, fallback_level=1)
+    for_3 = Plan(first_level=2, end_level=0, fallback_level=2, after_graph=1)
+    for_4 = Plan(first_level=4, end_level=0, fallback_level=4, after_graph=2)
+    steps = [
+        Step("plan", p1),
+        Step("begin", 1),
+        *nodes(0, 3, done=True),
+        Step("end"),
+        Step("begin", 2),
+        *nodes(0, 2, done=True),
+        Step("plan", for_3),
+        Step("end"),
+        Step("begin", 3),
+        Step("plan", for_4),
+        *nodes(0, 3, done=True),
+        Step("end"),
+        Step("begin", 4),
+        *nodes(0, 3, done=True),
+        Step("end"),
+    ]
+    log, _, status = compare(steps)
+    assert sources(log) == [
+        (1, "first", -1),
+        (0, "end", -1),
+        (1, "fallback", -1),
+        (2, "first", -1),
+        (0, "end", -1),
+        (4, "first", -1),
+        (0, "end", -1),
+    ]
+    assert [a.graph for a in log] == [1, 1, 2, 3, 3, 4, 4]
+    assert status["late_plans"] == 1  # graph 2 only
 
 
 def test_switch_now_and_a_plan_for_a_later_graph() -> None:

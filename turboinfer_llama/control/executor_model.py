@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .plan import Anchor, Applied, Plan, Switch, retarget
+from .plan import Anchor, Applied, Plan, Switch, moved, retarget
 
 SOURCES = ("first", "node", "timer", "feedback", "end", "fallback", "now")
 """Source names by the native ``enum ti_source`` code."""
@@ -92,6 +92,7 @@ class ExecutorModel:
         self.log: list[Applied] = []
         self._actuate = fail_at
         self._pending: _Slot | None = None
+        self._claimed: _Slot | None = None  # a plan for the begun graph, behind a later one
         self._active: _Slot | None = None
         self._act_gen = 0
         self._last_fallback = -1
@@ -109,13 +110,21 @@ class ExecutorModel:
         self._planned = -1
         self._timers: list[_Timer] = []
         self._timer_seq = 0
+        self._ends: dict[int, int] = {}  # graph_end times of the last graphs, by sequence
+        # the pending plan's TIME switches, waiting for the end of the graph it was
+        # retargeted past (``plan.retarget``), and the end they were solved after
+        # (gen, the graph, the end, switches)
+        self._deferred: tuple[int, int, int, list[Switch]] | None = None
 
     # ---- the native API ----------------------------------------------------------
 
     def set_plan(self, plan: Plan, t_ns: int) -> None:
         self._check_plan(plan)
         self._fire_due(t_ns)
-        plan = retarget(plan, self._started_seq, self._t0)
+        after_end = self._ends.get(plan.after_graph, -1) if plan.after_graph else -1
+        passed_running = bool(plan.after_graph) and self._seq > plan.after_graph
+        plan_t0 = plan.after_t0_ns
+        plan = retarget(plan, self._seq)
         st = self.status
         st.plans_set += 1
         slot = _Slot(
@@ -128,12 +137,37 @@ class ExecutorModel:
         ):
             self._set_late(slot, t_ns)
         else:
-            if self._pending is not None:
-                self._drop(self._pending.gen, graph_bound_only=False)
+            pend = self._pending
+            if (
+                pend is not None
+                and self._awaiting_first
+                and pend.plan.graph == self._seq
+                and plan.graph > self._seq
+            ):
+                # the pending plan is the begun graph's (its first ask not come yet):
+                # it stays, claimed, and this one waits behind it
+                if self._claimed is not None:
+                    self._drop(self._claimed.gen, graph_bound_only=False)
+                self._claimed = pend
+            elif pend is not None:
+                self._drop(pend.gen, graph_bound_only=False)
             self._pending = slot
-            for sw in plan.switches:
-                if sw.anchor == Anchor.TIME:
-                    self._add(sw.key, sw.expect_ns, sw.level, slot.gen, graph_bound=False)
+            self._deferred = None
+            timed = [sw for sw in plan.switches if sw.anchor == Anchor.TIME]
+            if passed_running and after_end >= 0 and timed:
+                # solved after an earlier graph's end: its stall switches are for the
+                # stall after the graph it was retargeted past, timed from its end
+                running_end = self._ends.get(self._seq, -1)
+                if running_end < 0:
+                    # armed at that graph's end
+                    self._deferred = (slot.gen, self._seq, after_end, timed)
+                    timed = []
+                else:
+                    timed = moved(timed, running_end - after_end)
+            elif passed_running and timed:
+                timed = moved(timed, self._t0 - plan_t0)  # its end unknown: by the starts
+            for sw in timed:
+                self._add(sw.key, sw.expect_ns, sw.level, slot.gen, graph_bound=False)
         self._fire_due(t_ns)
 
     def graph_begin(self, graph_seq: int, t_ns: int = 0) -> None:
@@ -180,6 +214,15 @@ class ExecutorModel:
                     self.status.mismatches += 1
                 self._drop(0, graph_bound_only=True)
                 self._apply(p.end_level, "end", -1, t_ns)
+        self._ends[self._seq] = t_ns
+        if len(self._ends) > 4:  # TI_ENDS
+            del self._ends[min(self._ends)]
+        d = self._deferred
+        if d is not None and d[1] == self._seq:
+            self._deferred = None
+            if self._pending is not None and self._pending.gen == d[0]:
+                for sw in moved(d[3], t_ns - d[2]):
+                    self._add(sw.key, sw.expect_ns, sw.level, d[0], graph_bound=False)
         self._awaiting_first = True
         self._fire_due(t_ns)
 
@@ -396,6 +439,15 @@ class ExecutorModel:
         self._planned = -1
         self._cursor = 0
         self._drop(0, graph_bound_only=True)
+        claimed, self._claimed = self._claimed, None
+        if claimed is not None:
+            if claimed.plan.graph == self._seq:
+                self._activate(claimed)
+                self._arm_offsets(claimed, t_ns, late=False)
+                self._planned = claimed.plan.first_level
+                self._apply(claimed.plan.first_level, "first", -1, t_ns)
+                return
+            self._drop(claimed.gen, graph_bound_only=False)
         pending = self._pending
         if pending is not None:
             p = pending.plan

@@ -129,6 +129,7 @@ class Governor:
         # reached the engine thread after the graph's end): dropped, never set
         self.plans_dropped: set[int] = set()
         self._boundary_ns = -1  # t_ns of the last request boundary event seen
+        self._begun_graph = -1  # the last graph the engine began (DECODE_BEGIN)
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
@@ -136,7 +137,7 @@ class Governor:
         self._costs = NodeCosts()
         # graphs waiting for the planner (appended by the engine thread, which never
         # wakes the planner at a graph's end: see _work)
-        self._pending_graphs: deque[tuple[Any, int, int, int, int]] = deque()
+        self._pending_graphs: deque[tuple[Any, int, int, int, int, Any]] = deque()
         self._go = threading.Event()  # wakes the planner
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
@@ -269,6 +270,7 @@ class Governor:
             self._apply_due(self._clock())
 
     def on_decode_begin(self, graph: int) -> None:
+        self._begun_graph = graph
         ex = self.executor
         if ex is not None and not self.failed:
             if self._observe_cap is not None and ex.native:
@@ -366,7 +368,20 @@ class Governor:
             return
         if self._worker is not None and raw is not None and len(raw):
             self._idle.clear()
-            self._pending_graphs.append((raw, graph, n_tokens, t_begin_ns, t_end_ns))
+            counters: Any = None
+            if (
+                self.HOLD_FOR_ENGINE
+                and self._on_counters is not None
+                and self.feedback != "engine-only"
+            ):
+                # sampled now: a held graph is planned during the next one, and counters
+                # read then would mix the two graphs' busy time (the model's fit needs
+                # each graph's own)
+                try:
+                    counters = self.device.read_counters()
+                except (DeviceError, OSError) as e:
+                    counters = e  # the planner handles it as its own read's failure
+            self._pending_graphs.append((raw, graph, n_tokens, t_begin_ns, t_end_ns, counters))
             if n_tokens > 1 and self.HOLD_PROMPTS:
                 held = True  # planned in the first one-token decode (TTFT)
             else:
@@ -440,7 +455,9 @@ class Governor:
             if not self._pending_graphs:
                 self._idle.set()
 
-    def _plan_graph(self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int) -> None:
+    def _plan_graph(
+        self, raw: Any, graph: int, n_tokens: int, t0: int, t1: int, counters: Any = None
+    ) -> None:
         start = time.perf_counter_ns()
         cpu0 = time.thread_time_ns()
         rec = records_array(raw)  # the Python hook's tuples, converted here
@@ -457,6 +474,8 @@ class Governor:
         )
         if batch is None:
             return
+        if self.HOLD_FOR_ENGINE and self._begun_graph > graph:
+            batch.ahead = 2  # its plan goes past the graph computing (plan.retarget)
         time.sleep(0)  # hand the GIL to the engine thread if it is waiting for it
         with self._lock:
             if self.failed:
@@ -472,7 +491,7 @@ class Governor:
             if self._on_applied is not None:
                 self._on_applied(applied)
             if self._on_counters is not None and self.feedback != "engine-only":
-                self._read_counters()
+                self._read_counters(counters)
             plan = self._on_graph(batch) if self._on_graph is not None else None
             if plan is not None and self.HOLD_FOR_ENGINE:
                 # for the graph after the last to start computing when it is set
@@ -522,9 +541,14 @@ class Governor:
         if err is not None and not self.failed:
             self._fail(ex.exception() or DeviceError(f"executor: {err}"))
 
-    def _read_counters(self) -> None:
+    def _read_counters(self, counters: Any = None) -> None:
+        """Give the controller the device's counters: ``counters`` when sampled at
+        the graph's end (held graphs; a failed read's exception), else read now."""
         try:
-            counters = self.device.read_counters()
+            if isinstance(counters, BaseException):
+                raise counters
+            if counters is None:
+                counters = self.device.read_counters()
         except (DeviceError, OSError) as e:
             if not isinstance(e, Unsupported):
                 # impossible readings or a device that went away: hand it back

@@ -47,6 +47,10 @@ class GraphBatch:
     launch: np.ndarray  # 1.0 for a kernel, 0.0 for a no-op (view, reshape ...)
     layer_out: np.ndarray  # bool: the node is a layer's output (``l_out-<i>``)
     extra: dict[str, float] = field(default_factory=dict)
+    # the plan solved from this graph is for the graph this many after it: 2 where the
+    # engine had begun the next graph when the planner took this one and plans are
+    # retargeted past it (``plan.HOLD_FOR_ENGINE``, ``plan.retarget``), else 1
+    ahead: int = 1
 
     @property
     def n(self) -> int:

@@ -26,9 +26,12 @@ Executor semantics (native and model alike):
 
 1. ``set_plan`` stores the plan as *pending*; it never blocks the engine. A plan
    marked as solved after a graph (``after_graph``, ``after``) is for the graph after
-   the last one that has started computing when it is set (``retarget``): when the
-   planner ran while the engine computed a later graph, its ``TIME`` switches move by
-   the time between the two graphs' first asks. Such a plan is never late.
+   the last one begun (``graph_begin``) when it is set (``retarget``): when the
+   planner ran while the engine ran a later graph, its ``TIME`` switches are for the
+   stall after that graph, armed at its end and moved by the time between the two
+   graphs' ends. Such a plan is never late. A pending plan for the begun graph whose
+   first ask has not come yet is kept (*claimed*) when a plan for a later graph
+   arrives: it still runs its graph.
 2. At a graph's first ask, the pending plan (if its ``graph`` is 0 or this graph's
    sequence number) becomes *active*: ``first_level`` is applied at once, ``t0`` = now.
    If no plan is pending, the previous plan's ``fallback_level`` is applied (when
@@ -143,27 +146,23 @@ def after(plan: Plan, graph: int, t0_ns: int) -> Plan:
     return replace(plan, after_graph=graph, after_t0_ns=t0_ns)
 
 
-def retarget(plan: Plan, started_graph: int, started_t0_ns: int) -> Plan:
-    """What the executor (``hooks/ti_exec.c``, ``ti_retarget``, and its model) makes of
-    a plan with ``after_graph`` when it takes it, the last graph to start computing
-    being ``started_graph`` (first ask at ``started_t0_ns``; 0: none): the plan is for
-    the graph after that one. When that is the graph after ``after_graph`` the plan is
-    on time as solved. Else the planner ran while the engine computed a later graph
-    (the GIL is free inside ``llama_decode``): the plan is that graph's successor's,
-    not a late plan for the running one, and its ``TIME`` switches (the raise inside
-    the stall before its graph) move by the time between the two graphs' first asks
-    (consecutive decode graphs take about the same time; one that runs longer only
-    sees the raise before its end, which costs energy, not latency). ``OFFSET`` and
-    ``NODE`` keys are relative to the graph: unchanged."""
+def retarget(plan: Plan, started_graph: int) -> Plan:
+    """The graph a plan with ``after_graph`` is for when the executor takes it, the
+    last graph to start computing being ``started_graph`` (0: none): the graph after
+    that one. When that is the graph after ``after_graph`` the plan is on time as
+    solved. Else the planner ran while the engine computed a later graph (the GIL is
+    free inside ``llama_decode``): the plan is that graph's successor's, not a late
+    plan for the running one. Its ``TIME`` switches (the raise inside the stall before
+    its graph, timed from the end of ``after_graph``) are then for the stall after the
+    graph it passed: the executor arms them at that graph's end, moved by the time
+    between the two graphs' ends (``moved``; where the earlier end is unknown to it,
+    by the time between their first asks). ``OFFSET`` and ``NODE`` keys are relative
+    to the graph: unchanged."""
     if not plan.after_graph:
         return plan
-    if started_graph <= plan.after_graph:
-        return replace(plan, graph=plan.after_graph + 1)
-    dt_ns = started_t0_ns - plan.after_t0_ns
-    return replace(
-        plan,
-        graph=started_graph + 1,
-        switches=tuple(
-            replace(s, key=s.key + dt_ns) if s.anchor == Anchor.TIME else s for s in plan.switches
-        ),
-    )
+    return replace(plan, graph=max(started_graph, plan.after_graph) + 1)
+
+
+def moved(switches: list[Switch], dt_ns: int) -> list[Switch]:
+    """``switches`` (``TIME``) moved by ``dt_ns``."""
+    return [replace(s, key=s.key + dt_ns) for s in switches]

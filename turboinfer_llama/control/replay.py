@@ -166,6 +166,9 @@ class _Runner:
         # graphs held for the planner until the engine enters its next one-token
         # decode (``hold``): (batch, plan delay from then, the request's last graph)
         self.hold = False
+        self.begun_graph = -1  # the last graph begun (DECODE_BEGIN)
+        # counters sampled at each graph's end, when graphs are held (as the Governor)
+        self._end_counters: dict[int, Any] = {}
         self.mark_after = False  # plans solved after a graph say so (``plan.after``)
         self._stash: list[tuple[GraphBatch, int, bool]] = []
 
@@ -291,6 +294,8 @@ class _Runner:
         call, and on a busy host it may wait there for the GIL or a core: the live log
         has that switch's time). Until then the graph is still running for the
         executor, as it was live."""
+        if self.on_counters is not None and self.mark_after:
+            self._end_counters[graph] = self.dev.read_counters()
         off = self._live_end.get(graph)
         v0 = self.graph_begin_ns.get(graph)
         due = v0 + off if off is not None and v0 is not None else now
@@ -307,6 +312,7 @@ class _Runner:
             self.ex.graph_end(due)
 
     def graph_begin(self, graph: int, now: int) -> None:
+        self.begun_graph = graph
         self._fire_end(self._end_due if self._end_due is not None else now)
         self.ex.graph_begin(graph, now)
 
@@ -380,7 +386,11 @@ class _Runner:
             upto = batch.t_end_ns + cut if cut is not None else now
             self.on_applied(self._applied_since(min(upto, now)))
         if self.on_counters is not None:
-            self.on_counters(self.dev.read_counters())
+            # as the Governor: sampled at the graph's end when graphs are held, else now
+            c = self._end_counters.pop(batch.graph, None)
+            self.on_counters(c if c is not None else self.dev.read_counters())
+        if self.mark_after and self.begun_graph > batch.graph:
+            batch.ahead = 2  # as the Governor: its plan goes past the graph computing
         plan = self.on_graph(batch) if self.on_graph is not None else None
         self.graph_times_ns.append(time.perf_counter_ns() - t0)
         if plan is not None:

@@ -135,6 +135,19 @@ class CautiousTables(NamedTuple):
     block_energy_j: np.ndarray
 
 
+class _Planned(NamedTuple):
+    """What a decode plan predicted for the graph it is for: the graph's node count,
+    its compute ns and the same graph's ns at the top level (the gain is learnt against
+    them), and, for the budget of plans solved while it runs (``GraphBatch.ahead``),
+    the debt its plan committed (tube included) and its reference ns."""
+
+    n: int
+    predicted_ns: float
+    top_ns: float
+    committed_ns: float
+    ref_ns: float
+
+
 class TubeMPC:
     """The TurboInfer controller. See the module docstring for the formulation."""
 
@@ -210,8 +223,10 @@ class TubeMPC:
         self._share: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._graph_busy: int | None = None
         self._margin_ns = 0.0
-        # (nodes, compute ns, the same graph's ns at the top level) planned next
-        self._predicted: tuple[int, float, float] | None = None
+        # per graph planned for (its sequence number), what its plan predicted
+        self._planned: dict[int, _Planned] = {}
+        self._probe_for: dict[str, int] = {}  # the graph a top-level probe is planned for
+        self._graph = -1  # the last graph learnt from
         self._slow_gain = 1.0  # recent measured / planned slowdown of plans below the top
         # measured / (gain x planned) slowdown of recent plans: its upper quantile widens
         # the tube where the gain alone has not been enough
@@ -437,18 +452,17 @@ class TubeMPC:
             )  # fmt: skip
             self._note_levels(phase, obs.level_ns)
             g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
-            pred = self._predicted
-            if pred is not None and pred[0] == g.n and pred[1] > 0:
-                self.rel_err.update(abs(measured - pred[1]) / max(measured, 1.0))
-                top_ns = pred[2]
-                if pred[1] - top_ns > GAIN_MIN_PLANNED * top_ns:
+            pred = self._planned.get(b.graph)
+            if pred is not None and pred.n == g.n and pred.predicted_ns > 0:
+                self.rel_err.update(abs(measured - pred.predicted_ns) / max(measured, 1.0))
+                top_ns = pred.top_ns
+                if pred.predicted_ns - top_ns > GAIN_MIN_PLANNED * top_ns:
                     # a plan below the top: its slowdown measured against planned
-                    gain = (measured - top_ns) / (pred[1] - top_ns)
+                    gain = (measured - top_ns) / (pred.predicted_ns - top_ns)
                     gain = min(max(gain, SLOWDOWN_GAIN_MIN), SLOWDOWN_GAIN_MAX)
                     # how far this graph's slowdown exceeded the gain it was planned with
                     self._gain_err.update(gain / self._slow_gain)
                     self._slow_gain = 0.7 * self._slow_gain + 0.3 * gain
-            self._predicted = None
             busy = self._graph_busy
             self._graph_busy = None
             if busy is None or not 0 < busy <= measured:  # no counters: fit wall time
@@ -484,9 +498,12 @@ class TubeMPC:
             ref = measured
         self._account(phase, measured, ref)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
+        self._graph = b.graph
+        for k in [k for k in self._planned if k <= b.graph]:
+            del self._planned[k]
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
             return None  # the request ended after this graph: no next graph to plan
-        return self._plan_next(b.t_end_ns)
+        return self._plan_next(b.t_end_ns, b.graph, max(1, b.ahead))
 
     def _reference_ns(
         self,
@@ -600,6 +617,8 @@ class TubeMPC:
     def probe_due(self, phase: str) -> bool:
         """A graph of ``phase`` is due to run wholly at the top level (the latency
         reference's probe, every ``PROBE_EVERY`` graphs)."""
+        if self._probe_for.get(phase, -1) > self._graph:
+            return False  # one is planned for a graph not run yet (plans ahead)
         return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
 
     # ---- the optimisation -----------------------------------------------------------
@@ -779,9 +798,13 @@ class TubeMPC:
                 sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
         return sw, predicted
 
-    def _plan_next(self, t_now: int) -> Plan:
-        """The plan for the graph after the stall that starts at ``t_now``."""
+    def _plan_next(self, t_now: int, graph: int = -1, ahead: int = 1) -> Plan:
+        """The plan for the graph ``ahead`` after ``graph`` (whose end, the start of
+        the sampling stall, is ``t_now``). With ``ahead`` > 1 the graphs in between are
+        already running their plans: the debt those plans committed counts against
+        this one's budget, as if they had run as planned."""
         self.solves += 1
+        target = graph + ahead
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
         d_med, d_lo, d_early = self._stall_ns()
@@ -795,17 +818,19 @@ class TubeMPC:
             droppable = False
         if tpl is None or self.probe_due("decode"):
             # nothing to predict from yet, or the reference's top-level probe is due:
-            # the graph at the top level, the stalls around it still at the bottom
-            # (raised one switch latency before the shortest stall seen ends: a probe
-            # must run wholly at the top)
+            # the graph at the top level, raised as the stall before it begins (a probe
+            # must run wholly at the top: a raise timed by the stall's forecast lands
+            # after the graph's start whenever the stall is shorter than any seen, and
+            # the probe is then missed and repeated graph after graph); the stall after
+            # it still at the bottom
             lv = self.top
-            d_min = d_lo - d_early
-            t_raise = t_now + int(d_min) - s_ns if droppable and d_min >= s_ns else t_now
+            if tpl is not None:
+                self._probe_for["decode"] = target
             return Plan(
                 first_level=lv,
                 end_level=0 if droppable else -1,
                 fallback_level=lv,
-                switches=(Switch(Anchor.TIME, t_raise, lv),),
+                switches=(Switch(Anchor.TIME, t_now, lv),),
             )
         nc, idle_w = self.n_compute, self.power.idle_w
         ref_lvl = self.top
@@ -829,6 +854,10 @@ class TubeMPC:
         stalls_total = d_med * nc
         stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
         debt, ref_elapsed = self._acc["decode"]
+        for g in range(graph + 1, target):  # running (or about to) on earlier plans
+            p = self._planned.get(g)
+            debt += p.committed_ns if p is not None else 0.0
+            ref_elapsed += (p.ref_ns if p is not None else d_ref / nc) + d_med
         allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
         # sum(d) - d_ref + r * (sum(d) - d_ref) + stall_tube <= allowed
         budget = d_ref + (allowed - stall_tube) / (1.0 + r)
@@ -861,7 +890,11 @@ class TubeMPC:
         sw, predicted = self._block_switches(tpl, blocks)
         # the model's own prediction (the gain is learnt against it) and its time at
         # the top level
-        self._predicted = (tpl.n, predicted, float(tpl.block_ns[:, self.top].sum()))
+        ref_1 = d_ref / nc
+        committed = (1.0 + r) * (used_here - ref_1) + stall_tube / nc
+        self._planned[target] = _Planned(
+            tpl.n, predicted, float(tpl.block_ns[:, self.top].sum()), committed, ref_1
+        )
         node_keyed = self.granularity in ("layer", "kernel")
         if droppable:
             # the drop comes at the graph's end (the plan's end level, applied when

@@ -174,6 +174,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
             ("ti_exec_graph_begin", None, [vp, u64]),
             ("ti_exec_on_node", None, [vp, i32, ctypes.c_bool, i64]),
             ("ti_exec_graph_end", None, [vp]),
+            ("ti_exec_graph_end_at", None, [vp, ctypes.POINTER(ctypes.c_int64)]),
             ("ti_exec_switch_now", ctypes.c_int, [vp, i32]),
             ("ti_exec_drain_log", u32, [vp, vp, u32]),
             ("ti_exec_status", None, [vp, ctypes.POINTER(_Status)]),
@@ -384,10 +385,14 @@ class NativeExecutor:
         with self._engine:
             self._lib.ti_exec_on_node(self._h(), ordinal, ask, t_ns)
 
-    def graph_end(self) -> None:
-        """Right after llama_decode returns."""
+    def graph_end(self) -> int:
+        """Right after llama_decode returns. Returns the executor's clock (ns) at which
+        it ended the graph (a plan retargeted past this graph times its stall switches
+        from it)."""
+        t_ns = ctypes.c_int64(0)
         with self._engine:
-            self._lib.ti_exec_graph_end(self._h())
+            self._lib.ti_exec_graph_end_at(self._h(), ctypes.byref(t_ns))
+        return int(t_ns.value)
 
     def enable_standin(self, memory_share: float = 0.0) -> None:
         """TESTS AND BENCHMARKS ONLY (``hooks/ti_exec.h``): make each graph take the time
