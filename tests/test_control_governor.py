@@ -194,9 +194,11 @@ def _soon(cond, timeout_s=5.0):
 def test_a_prompt_graph_is_planned_in_the_first_decode_not_before_the_first_token():
     """Issue 14 (TTFT): a prompt batch's graph is not planned between the prompt and the
     first token, nor while another prompt batch runs (every core); the first one-token
-    decode's entry wakes the planner. A decode graph is planned at once (default)."""
+    decode's entry wakes the planner. A decode graph is planned at once when graphs are
+    not held (``HOLD_FOR_ENGINE`` False)."""
     ctl = Learner()
     gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    gov.HOLD_FOR_ENGINE = False
     try:
         gov._plan_cpu_ns = 10**9  # as learned: planning is not ~free (EAGER_PLAN_FRACTION)
         t = time.monotonic_ns()
@@ -247,6 +249,59 @@ def test_the_governor_hands_over_each_plan_as_solved_after_its_graph():
         plan = gov._last_plan
         assert (plan.graph, plan.after_graph, plan.after_t0_ns) == (0, 1, t)
         assert [s.key for s in plan.switches] == [t + 10**5 + 1_000_000]
+    finally:
+        gov.close()
+
+
+class CountingGpu(FakeGpu):
+    """Its busy counter is the number of reads so far, so a controller can tell when
+    the counters it was given were read."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def read_counters(self):
+        self.reads += 1
+        return Counters(0, self.reads, 0, None, self.hz)
+
+
+class CounterLearner(Learner):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+        self.busy = None
+
+    def on_counters(self, counters):
+        self.busy = counters.busy_ns
+
+    def on_graph(self, batch):
+        super().on_graph(batch)
+        self.seen.append((batch.graph, batch.ahead, self.busy))
+
+
+def test_a_held_graph_is_planned_two_ahead_with_the_counters_read_at_its_end():
+    """Planning two ahead (``HOLD_FOR_ENGINE``): a decode graph planned once the engine
+    has begun the next one says so (``GraphBatch.ahead`` 2: its plan is for the graph
+    after that one), and the device counters it gets are the ones read as it ended, not
+    at planning time (those would mix in the next graph's busy time)."""
+    ctl = CounterLearner()
+    dev = CountingGpu()
+    gov = Governor(ctl, dev, timer=False).start()
+    gov.HOLD_FOR_ENGINE = True
+    try:
+        gov._plan_cpu_ns = 10**9
+        t = time.monotonic_ns()
+        gov.on_decode_begin(1)
+        gov.graph_end()
+        gov.on_decode_end(_asks(1, t), graph=1, n_tokens=1, t_begin_ns=t, t_end_ns=t + 10**5)
+        reads_at_end = dev.reads
+        dev.read_counters()  # later reads (the next graph running) must not be the ones given
+        dev.read_counters()
+        gov.on_decode_begin(2)
+        gov.entering_decode(1)
+        assert _soon(lambda: ctl.seen)
+        assert ctl.seen == [(1, 2, reads_at_end)]
     finally:
         gov.close()
 

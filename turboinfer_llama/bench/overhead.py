@@ -71,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--hold-for-engine",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="the live loop plans each graph inside the next llama_decode, GIL free "
-        "(Governor.HOLD_FOR_ENGINE; off by default)",
+        "(Governor.HOLD_FOR_ENGINE, on by default); --no-hold-for-engine plans it in "
+        "the engine's stall",
     )
     args = ap.parse_args(argv)
     model = args.model or default_model()
@@ -94,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         for g in chosen
         if g != LIVE
     }
-    if args.hold_for_engine:
+    if args.hold_for_engine is not None:
         from ..control.governor import Governor
 
-        Governor.HOLD_FOR_ENGINE = True
+        Governor.HOLD_FOR_ENGINE = args.hold_for_engine
     if LIVE in chosen:
         ours[LIVE] = Llama(
             **common, power={"granularity": "graph", "controller": "tmpc", "device": "sim"}

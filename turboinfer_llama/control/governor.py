@@ -56,11 +56,11 @@ class Governor:
     ``record_only``: the device is the simulator; the executor records its switches
     (for applied-energy accounting) and nothing is written anywhere."""
 
-    # Decode graphs: False (default, ``plan.HOLD_FOR_ENGINE``) plans each at once after
-    # its end, in the engine's stall between decodes, in time for the next graph, but
-    # there the planner holds the GIL the engine's sampling needs; True plans it while
-    # the next decode runs (GIL free, another core), for the graph after the last one
-    # to start computing (``plan.retarget``). See ``_work``.
+    # Decode graphs: True (default, ``plan.HOLD_FOR_ENGINE``) plans each while the next
+    # decode runs (GIL free, another core), for the graph after the one begun
+    # (``plan.retarget``: two ahead); False plans it at once after its end, in the
+    # engine's stall between decodes, in time for the next graph, but there the planner
+    # holds the GIL the engine's sampling needs. See ``_work``.
     HOLD_FOR_ENGINE = HOLD_FOR_ENGINE
     # A prompt batch's graph is planned in the first one-token decode after it, never
     # between the prompt and the first token (issue 14's TTFT)
@@ -420,20 +420,21 @@ class Governor:
         went from 1.3 to 2.3-3.0 ms). Inside ``llama_decode`` the GIL is free (with the
         eval hook installed, llama.cpp computes the graph synchronously there, also on
         a GPU) and the planner runs beside the engine on another core (1.4-1.5 ms
-        between decodes). With ``HOLD_FOR_ENGINE`` a plan solved there is for the
-        graph after the one computing (``plan.after``/``plan.retarget``: the executor
-        decides, atomically, which graph that is, and moves the plan's stall raise by
-        one graph period), so it is not late; but each graph then runs a plan one
-        graph older, which tmpc, learning each plan's error against the next graph,
-        pays for in saving (see ``plan.HOLD_FOR_ENGINE``).
+        between decodes). With ``HOLD_FOR_ENGINE`` (default) a plan solved there is
+        for the graph after the one begun (``plan.after``/``plan.retarget``: the
+        executor decides, atomically, which graph that is, and arms the plan's stall
+        raise at the begun graph's end), so it is not late; the controller knows it
+        plans two ahead (``GraphBatch.ahead``), and the counters it gets were read at
+        the graph's end. Each graph then runs a plan one graph older, which costs tmpc
+        a little saving (see ``plan.HOLD_FOR_ENGINE``).
 
         * A prompt batch's graph (``HOLD_PROMPTS``) is always held: planning it between
           the prompt and the first token cost issue 14's TTFT, and a prompt batch
           runs on ``n_threads_batch`` threads (every core by default), so it does not
           wake the planner either; nor does a request's end (the next request's
           prompt usually follows at once; a plan for an ended request is dropped).
-        * Decode graphs are planned at once, in time (default), or held with
-          ``HOLD_FOR_ENGINE``; held or not, they are planned at once where that
+        * Decode graphs are held with ``HOLD_FOR_ENGINE`` (default), else planned at
+          once, in time; held or not, they are planned at once where that
           costs (next to) nothing: the engine's stalls are off the CPU (a GPU sync, a
           sleeping logits processor) for twice the planner's CPU per graph, or the
           planner takes at most ``EAGER_PLAN_FRACTION`` of the graph period (moving

@@ -126,16 +126,18 @@ class Applied:
     due_ns: int = -1
 
 
-# Live and replay alike (``Governor.HOLD_FOR_ENGINE``, ``replay(hold=...)``). True: a
-# graph's records are planned while the engine computes the next one-token graph (GIL
-# free), not in the engine's Python between decodes, and the plan goes to the graph
-# after the last one that has started computing (``Plan.after_graph``, ``retarget``).
-# Planning in the stall holds the GIL the engine's sampling needs for the planner's
-# whole run: ~1.1-1.7 ms of host time per gemma token (issue 11's overhead). Off by
-# default: tmpc learns each plan's error against the graph after the one it planned
-# from, and a plan one graph older cost it a third of its saving (simulated,
-# adreno650, 96-token recording, 2%: 17.7% eager, 12.9% held).
-HOLD_FOR_ENGINE = False
+# Live and replay alike (``Governor.HOLD_FOR_ENGINE``, ``replay(hold=...)``). True
+# (default): a graph's records are planned while the engine computes the next
+# one-token graph (GIL free), not in the engine's Python between decodes, and the plan
+# goes to the graph after the one begun (``Plan.after_graph``, ``retarget``): two
+# graphs ahead. Planning in the stall holds the GIL the engine's sampling needs for
+# the planner's whole run: ~1.1-1.7 ms of host time per gemma token (issue 11's
+# overhead). The price is a plan one graph older: simulated, adreno650, 96-token
+# recording, tmpc saves 16.2% at 2% (17.8% planning in the stall) and 21.2% at 5%
+# (21.7%); adreno640 10.4% at 2% (11.6%). It cost a third of the saving before tmpc
+# knew which graph its plan was for (``GraphBatch.ahead``), counted the debt of the
+# graph running meanwhile, and got counters read at each graph's end.
+HOLD_FOR_ENGINE = True
 
 
 def after(plan: Plan, graph: int, t0_ns: int) -> Plan:

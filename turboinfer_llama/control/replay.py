@@ -579,13 +579,13 @@ def replay(
     the simulator at the clock in effect; ``recorded`` keeps every recorded duration
     (pass-through, for comparing a replay with the live run it was recorded from).
     ``plan_delay_ns``: how long the planner takes from its wake-up to the plan (its
-    ingest and solve). ``hold`` (default ``plan.HOLD_FOR_ENGINE``, as live, False): a
+    ingest and solve). ``hold`` (default ``plan.HOLD_FOR_ENGINE``, as live, True): a
     graph's records wake the planner when the engine enters its next one-token
-    decode, not at the graph's end, and each plan goes to the graph after the last
-    one that has started computing when it is set (``plan.retarget``; with
-    ``plan_delays_ns`` only the latter, as the live run measured when it planned);
-    False: at the graph's end, and a plan later than the next graph's first kernel is
-    late.
+    decode, not at the graph's end, the counters it gets are read at its end, and each
+    plan goes to the graph after the last one begun when it is set (``plan.retarget``;
+    with ``plan_delays_ns`` only the latter, as the live run measured when it
+    planned); False: at the graph's end, and a plan later than the next graph's first
+    kernel is late.
     ``plan_delays_ns``: per graph id, the delay a live run measured from the graph's
     end (``PowerSession.record`` saves them), used instead where known.
     ``counters``: hand the controller the device's counters after each graph; False
