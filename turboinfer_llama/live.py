@@ -149,7 +149,13 @@ class SimulatedAccount(_EngineCalls):
             )
         self.device = device
         self.shadow = SimGpu(device.profile)
-        kw = {**for_device(device), "latency_slack": settings.latency_slack}
+        # the graphs run on this host at its own speed whatever the simulated clock:
+        # what tmpc measures does not follow the levels it sets (TubeMPC.clock_coupled)
+        kw = {
+            **for_device(device),
+            "latency_slack": settings.latency_slack,
+            "clock_coupled": False,
+        }
         # what the figures are labelled with; never run (the live loop runs its own)
         self.controller = make_controller(settings.controller, **kw)
         self._device_governs = bool(getattr(self.controller, "uses_device_governor", False))

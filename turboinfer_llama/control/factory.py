@@ -29,11 +29,14 @@ def make_controller(
     horizon: int = 5,
     seed: int = 0,
     oracle_refine: int = 8,
+    clock_coupled: bool = True,
 ) -> Controller:
     """Build a controller. ``power``/``shadow`` describe the device (power per level,
     its default governor's rules; see ``for_device``). The offline ones (``oracle``,
     ``static-best``, ``phase``) need ``trace`` (the whole run, as replay will run it)
-    and ``device_factory`` (a fresh simulator per call)."""
+    and ``device_factory`` (a fresh simulator per call). ``clock_coupled`` False: the
+    graph times the controller will measure do not follow the clock it sets (the
+    simulated device, live; ``TubeMPC.clock_coupled``)."""
     levels = sorted(int(h) for h in device_levels_hz)
     if not levels:
         raise ValueError("device_levels_hz is empty")
@@ -75,6 +78,7 @@ def make_controller(
             power=power,
             shadow=shadow,
             horizon=horizon,
+            clock_coupled=clock_coupled,
         )
     if name == "ztt":
         from .baselines.ztt import ZttQLearning

@@ -146,6 +146,7 @@ class _Planned(NamedTuple):
     top_ns: float
     committed_ns: float
     ref_ns: float
+    excess_ns: float  # its time over the reference as planned (tube not included)
 
 
 class TubeMPC:
@@ -166,6 +167,7 @@ class TubeMPC:
         feedback_gain: float = 50.0,
         tube_quantile: float = 0.9,
         planning: bool = True,
+        clock_coupled: bool = True,
     ) -> None:
         if not 3 <= horizon <= 6:
             raise ValueError(f"horizon must be 3..6 segments, got {horizon}")
@@ -182,6 +184,14 @@ class TubeMPC:
         self._last_ref_ns: dict[str, float] = {}
         self.n_compute = (horizon + 1) // 2
         self.planning = planning
+        # False: the graph times this controller measures do not follow the clock it
+        # sets (the simulated device, live: the clock acts on a model of the phone, the
+        # graphs run on this host at their own speed). Learning the clock's effect from
+        # them would find every level free; so every level below the top is taken at
+        # its worst case (``_cautious``), nothing is learnt from a plan's measured
+        # slowdown, and a decode graph's debt is what its plan committed (its worst
+        # case), not its measured time
+        self.clock_coupled = clock_coupled
         self._max_slowdown = 1.0 - self.levels_hz[0] / self.levels_hz[-1]
         self.combos, self.changes = level_combinations(self.n_levels, self.n_compute)
         first_change = self.combos[:, 0][None, :] != np.arange(self.n_levels)[:, None]
@@ -453,7 +463,7 @@ class TubeMPC:
             self._note_levels(phase, obs.level_ns)
             g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
             pred = self._planned.get(b.graph)
-            if pred is not None and pred.n == g.n and pred.predicted_ns > 0:
+            if self.clock_coupled and pred is not None and pred.n == g.n and pred.predicted_ns > 0:
                 self.rel_err.update(abs(measured - pred.predicted_ns) / max(measured, 1.0))
                 top_ns = pred.top_ns
                 if pred.predicted_ns - top_ns > GAIN_MIN_PLANNED * top_ns:
@@ -496,7 +506,13 @@ class TubeMPC:
                 self._prepare_prefill(g, b.n_tokens)
         else:
             ref = measured
-        self._account(phase, measured, ref)
+        if phase == "decode" and not self.clock_coupled:
+            # measured time says nothing of the clock: the debt is what the plan
+            # committed, at its worst case
+            p = self._planned.get(b.graph)
+            self._account(phase, ref + (p.excess_ns if p is not None else 0.0), ref)
+        else:
+            self._account(phase, measured, ref)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
         self._graph = b.graph
         for k in [k for k in self._planned if k <= b.graph]:
@@ -569,7 +585,9 @@ class TubeMPC:
         # a prompt's plan is made from another prompt's template (its length unknown
         # until it arrives): a long prompt is compute-bound where a short one was not,
         # so every level below the top is taken at its worst case there
-        return self.top if phase == "prefill" else self._lowest_seen.get(phase, self.top)
+        if phase == "prefill" or not self.clock_coupled:
+            return self.top
+        return self._lowest_seen.get(phase, self.top)
 
     def _cautious(self, phase: str, tpl: PhaseTemplate) -> CautiousTables:
         """The template's tables with the levels the phase has not run at yet (below
@@ -903,7 +921,12 @@ class TubeMPC:
         ref_1 = d_ref / nc
         committed = (1.0 + r) * (used_here - ref_1) + stall_tube / nc
         self._planned[target] = _Planned(
-            tpl.n, predicted, float(tpl.block_ns[:, self.top].sum()), committed, ref_1
+            tpl.n,
+            predicted,
+            float(tpl.block_ns[:, self.top].sum()),
+            committed,
+            ref_1,
+            used_here - ref_1,
         )
         node_keyed = self.granularity in ("layer", "kernel")
         if droppable:
