@@ -25,6 +25,14 @@ msm-adreno-tz's ramp-up threshold, and wherever the model extrapolated to levels
 had not run, it misjudged the default by 3-34% and the budget overshot 2-5x. The
 price of the top-level reference: where the default is slower than the top clock,
 that slowness is not spent -- the hindsight ``static-best``/``phase`` can spend it.)
+Where the default's rule is deterministic and its tunables known (simple_ondemand on a
+profiled device) a decode graph's reference is the larger of that and a lower bound of
+the default's time (``control.default_bound``, ``_bound_reference``): simple_ondemand
+run on the default's timeline with every choice towards a faster default, each level's
+time bounded below by the model (less the tube) and by the graph's own measured time
+(``_measured_lo``). Where that bound puts the default below every level the phase has
+run at, one graph runs wholly at the bound's level (``_envelope_probe``): it is no
+slower than the default there, and the model learns the level.
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
@@ -99,6 +107,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from . import plan_native
+from .default_bound import OndemandBound
 from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
@@ -203,6 +212,14 @@ class TubeMPC:
             worst = np.maximum(worst, np.asarray(self.power.mem_slowdown, dtype=np.float64))
         self._worst_ratio = worst
         self._clock_slowdown = self.levels_hz[-1] / self.levels_hz - 1.0
+        # [l, L]: the share of a kernel's time at level l that running it at L > l can
+        # save at most: 1 - 1 / (the clock ratio, or the published DRAM ratio where
+        # larger); 0 for L <= l (see _measured_lo)
+        speedup = self.levels_hz[None, :] / self.levels_hz[:, None]
+        if self.power.mem_slowdown is not None:
+            mem = np.asarray(self.power.mem_slowdown, dtype=np.float64)
+            speedup = np.maximum(speedup, mem[:, None] / mem[None, :])
+        self._speedup_share = np.triu(1.0 - 1.0 / np.maximum(speedup, 1.0), k=1)
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
@@ -228,6 +245,21 @@ class TubeMPC:
         self._req_ends: list[int] = []  # REQUEST_END / IDLE times (recent)
         self._t_end_prev: int | None = None  # end of the last graph learnt from
         self._prev_phase = "decode"
+        # a lower bound of the default governor's time, where its rule is deterministic
+        # and its tunables known (simple_ondemand on a profiled device); else None and
+        # the reference is the top level's time alone (see _bound_reference)
+        sp = self.shadow_params
+        self._default_bound = (
+            OndemandBound(
+                self.levels_int,
+                up_threshold=sp.ondemand_up,
+                down_differential=sp.ondemand_down,
+                polling_ns=sp.ondemand_polling_ns,
+                switch_latency_ns=self.switch_latency_ns,
+            )
+            if sp.governor == "simple_ondemand" and sp.rules_known and sp.ondemand_polling_ns > 0
+            else None
+        )
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -425,6 +457,9 @@ class TubeMPC:
         self._stalls_before(b)
         self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns, phase)
         measured = float(b.compute_ns)
+        if self._default_bound is not None and self._t_end_prev is not None:
+            # the stall (or idle gap) since the last graph, and this one's submission
+            self._default_bound.idle(b.t_first_ns - self._t_end_prev)
         if b.n and measured > 0:
             pm = self.model.phases[phase]
             starts, ends = self._node_spans(b)
@@ -478,10 +513,15 @@ class TubeMPC:
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
             ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
+            if self._default_bound is not None:
+                lo_meas = self._measured_lo(starts, ends, measured)
+                ref = self._bound_reference(phase, g, host, ref, lo_meas)
             if phase == "prefill":
                 self._prepare_prefill(g, b.n_tokens)
         else:
             ref = measured
+            if self._default_bound is not None:
+                self._default_bound.idle(measured)
         self._account(phase, measured, ref)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
@@ -536,6 +576,94 @@ class TubeMPC:
         )
         mid = len(scaled) // 2
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
+
+    def _measured_lo(self, starts: np.ndarray, ends: np.ndarray, measured: float) -> np.ndarray:
+        """A lower bound of this graph's time were it run wholly at each level, from its
+        measured time alone: ``measured - sum over the time t it ran at a level l below
+        L of t * (1 - 1 / s(l, L))``, ``s`` the most a kernel can speed up from l to L
+        (the clock ratio, or the published DRAM ratio where larger); at and below the
+        lowest level it ran at, its measured time (a lower clock is never faster). The
+        clock is taken at its lowest over each switch's landing (an applied switch may
+        land up to a switch latency after it was due: a queued vote), so a late raise
+        does not make the graph look faster than it was."""
+        t0, t1 = float(starts.min()), float(ends.max())
+        lat = float(self.switch_latency_ns)
+        h = np.asarray(self._hist_t, dtype=np.float64)
+        i0 = int(np.searchsorted(h, t0 - lat, side="right"))
+        i1 = int(np.searchsorted(h, t1, side="right"))
+        marks = h[i0:i1]
+        bounds = np.unique(np.concatenate(([t0], marks, marks + lat, [t1 + 1.0])))
+        bounds = bounds[(bounds >= t0) & (bounds <= t1 + 1.0)]
+        lv = np.array(
+            [min(self.level_at(int(t)), self.level_at(int(t - lat))) for t in bounds[:-1]]
+        )
+        # each node's time inside each clock interval
+        over = np.minimum(ends[:, None], bounds[None, 1:]) - np.maximum(
+            starts[:, None], bounds[None, :-1]
+        )
+        per_iv = np.maximum(over, 0.0).sum(axis=0)
+        t_lv = np.bincount(lv, weights=per_iv, minlength=self.n_levels)
+        return measured - t_lv @ self._speedup_share
+
+    def _bound_reference(
+        self, phase: str, g: PhaseTemplate, host: float, ref: float, lo_meas: np.ndarray
+    ) -> float:
+        """The reference of a graph where the default's time has a lower bound
+        (``control.default_bound``): the larger of the top level's time (``ref``) and
+        the bound. Also sets the next graph's expected reference (``_last_ref_ns``).
+
+        The bound runs the default's rule on its own timeline with this graph's times
+        per level: for the rule's busy share the upper estimate (the model's busy time,
+        the levels the phase has not run at at their worst case, widened by the tube
+        ``r``); for the time the lower one (the model's time at the level, or at the
+        lowest level the phase has run at where that is higher -- a lower clock is
+        never faster --, its slowdown below the top scaled by the learnt gain where
+        that is under 1, less the tube). A prompt graph puts the bound at the top."""
+        bound = self._default_bound
+        assert bound is not None
+        r = self.rel_err.estimate().upper_ns
+        top_t = float(g.graph_ns[self.top])
+        if phase == "prefill":
+            busy_top = max(top_t - host, 0.0) * (1.0 + r)
+            dur = np.full(self.n_levels, top_t)
+            bound.prompt(dur, np.full(self.n_levels, min(1.0, busy_top / max(top_t, 1.0))))
+            return ref
+        seen = self._seen_for(phase)
+        at_seen = np.maximum(np.arange(self.n_levels), seen)
+        # time: the model's (at the lowest level run, below it), its slowdown below the
+        # top scaled by the learnt gain where under 1, less the tube; never below what
+        # this graph's own measured time bounds it by
+        lo = g.graph_ns[at_seen]
+        lo = (top_t + min(1.0, self._slow_gain) * (lo - top_t)) * max(0.0, 1.0 - r)
+        lo = np.maximum(lo, lo_meas)
+        # busy time: the model's, its slowdown below the top scaled by the learnt gain
+        # (widened) where over 1, plus the tube; below the lowest level run, that
+        # level's times the most a lower clock can slow a kernel (_speedup_share)
+        k_hi = max(1.0, self._slow_gain * max(1.0, self._gain_err.estimate().upper_ns))
+        busy_top = max(top_t - host, 0.0)
+        busy = np.maximum(g.graph_ns - host, 0.0)
+        busy_hi = (busy_top + k_hi * np.maximum(busy - busy_top, 0.0)) * (1.0 + r)
+        slow = 1.0 / np.maximum(1.0 - self._speedup_share[:, seen], 1e-9)
+        busy_hi[:seen] = busy_hi[seen] * slow[:seen]
+        # the default's timeline at the lower-bound times (its polls come as late in
+        # the work as they can), its busy share at the upper-bound busy time
+        dur = lo
+        share = np.minimum(1.0, busy_hi / np.maximum(dur, 1.0))
+        got = bound.graph(dur, share, lo)
+        self._last_ref_ns[phase] = max(self._last_ref_ns[phase], bound.next_lo(lo))
+        return max(ref, got)
+
+    def _envelope_probe(self, tpl: PhaseTemplate) -> int | None:
+        """The level to run the next decode graph at wholly, where the default's bound
+        (``control.default_bound``) is at a level below any this phase has run at: at
+        the bound's level the graph takes no longer than the default's (a lower clock
+        is never faster), so its reference is its measured time (``_measured_lo``),
+        and the model learns the level. None when there is no such level."""
+        bound = self._default_bound
+        if bound is None or self.slack <= 0:
+            return None
+        lv = bound.level_hi()
+        return lv if lv < self._seen_for("decode") else None
 
     def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
         """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
@@ -793,12 +921,13 @@ class TubeMPC:
             # cover it; requiring the slack to be earned first (tried) left short
             # requests with no stall drops at all, under one switch per token live.
             droppable = False
-        if tpl is None or self.probe_due("decode"):
+        env = None if tpl is None or self.probe_due("decode") else self._envelope_probe(tpl)
+        if tpl is None or self.probe_due("decode") or env is not None:
             # nothing to predict from yet, or the reference's top-level probe is due:
             # the graph at the top level, the stalls around it still at the bottom
             # (raised one switch latency before the shortest stall seen ends: a probe
-            # must run wholly at the top)
-            lv = self.top
+            # must run wholly at the top); or a probe of the default's bound level
+            lv = self.top if env is None else env
             d_min = d_lo - d_early
             t_raise = t_now + int(d_min) - s_ns if droppable and d_min >= s_ns else t_now
             return Plan(
