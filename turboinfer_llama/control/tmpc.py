@@ -29,10 +29,11 @@ Where the default's rule is deterministic and its tunables known (simple_ondeman
 profiled device) a decode graph's reference is the larger of that and a lower bound of
 the default's time (``control.default_bound``, ``_bound_reference``): simple_ondemand
 run on the default's timeline with every choice towards a faster default, each level's
-time bounded below by the model (less the tube) and by the graph's own measured time
-(``_measured_lo``). Where that bound puts the default below every level the phase has
-run at, one graph runs wholly at the bound's level (``_envelope_probe``): it is no
-slower than the default there, and the model learns the level.
+time bounded below by the model (less the tube) and by the graph's own measured time,
+its busy time above by the model (plus the tube) and the measured time
+(``_measured_bounds``). Where that bound puts the default below the level the last
+decode graph ran at, the next runs wholly at the bound's level (``_envelope_probe``): it
+is no slower than the default there, so it costs no debt, and it measures the level.
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
@@ -214,12 +215,20 @@ class TubeMPC:
         self._clock_slowdown = self.levels_hz[-1] / self.levels_hz - 1.0
         # [l, L]: the share of a kernel's time at level l that running it at L > l can
         # save at most: 1 - 1 / (the clock ratio, or the published DRAM ratio where
-        # larger); 0 for L <= l (see _measured_lo)
+        # larger); 0 for L <= l (see _measured_bounds)
         speedup = self.levels_hz[None, :] / self.levels_hz[:, None]
         if self.power.mem_slowdown is not None:
             mem = np.asarray(self.power.mem_slowdown, dtype=np.float64)
             speedup = np.maximum(speedup, mem[:, None] / mem[None, :])
-        self._speedup_share = np.triu(1.0 - 1.0 / np.maximum(speedup, 1.0), k=1)
+        speedup = np.maximum(speedup, 1.0)
+        self._speedup_share = np.triu(1.0 - 1.0 / speedup, k=1)
+        # [l, L]: the most a kernel's time at level l can grow run at L (the same ratio
+        # the other way, for L < l; 1 for L >= l: a higher clock is never slower)
+        self._slowdown_most = np.where(
+            np.arange(self.n_levels)[:, None] > np.arange(self.n_levels)[None, :],
+            speedup.T,
+            1.0,
+        )
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
@@ -260,6 +269,8 @@ class TubeMPC:
             if sp.governor == "simple_ondemand" and sp.rules_known and sp.ondemand_polling_ns > 0
             else None
         )
+        self._last_min_level = self.top
+        self._top_ref_ns: dict[str, float] = {}  # the last graph's top-level reference
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -514,8 +525,12 @@ class TubeMPC:
             ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
             if self._default_bound is not None:
-                lo_meas = self._measured_lo(starts, ends, measured)
-                ref = self._bound_reference(phase, g, host, ref, lo_meas)
+                lo_meas, busy_meas = self._measured_bounds(starts, ends, measured)
+                if phase == "decode":
+                    tot = float(obs.level_ns.sum())
+                    big = np.nonzero(obs.level_ns >= SEEN_SHARE * tot)[0]
+                    self._last_min_level = int(big[0]) if tot > 0 and len(big) else self.top
+                ref = self._bound_reference(phase, g, host, ref, lo_meas, busy_meas)
             if phase == "prefill":
                 self._prepare_prefill(g, b.n_tokens)
         else:
@@ -577,15 +592,19 @@ class TubeMPC:
         mid = len(scaled) // 2
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
 
-    def _measured_lo(self, starts: np.ndarray, ends: np.ndarray, measured: float) -> np.ndarray:
-        """A lower bound of this graph's time were it run wholly at each level, from its
-        measured time alone: ``measured - sum over the time t it ran at a level l below
-        L of t * (1 - 1 / s(l, L))``, ``s`` the most a kernel can speed up from l to L
-        (the clock ratio, or the published DRAM ratio where larger); at and below the
-        lowest level it ran at, its measured time (a lower clock is never faster). The
-        clock is taken at its lowest over each switch's landing (an applied switch may
-        land up to a switch latency after it was due: a queued vote), so a late raise
-        does not make the graph look faster than it was."""
+    def _measured_bounds(
+        self, starts: np.ndarray, ends: np.ndarray, measured: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds of this graph were it run wholly at each level, from its measured time
+        alone (no model): below, its time: ``measured - sum over the time t it ran at
+        a level l below L of t * (1 - 1 / s(l, L))``, ``s`` the most a kernel can speed
+        up from l to L (the clock ratio, or the published DRAM ratio where larger) --
+        at and below the lowest level it ran at, its measured time (a lower clock is
+        never faster); above, its kernel time: ``sum of t * s(L, l)`` over the levels
+        l above L it ran at, plus the time it ran at or below L. Each clock is taken at
+        its lowest (for the time) or highest (for the kernel time) over a switch
+        latency after each switch's landing: an applied switch may land up to a switch
+        latency after it was due (a queued vote)."""
         t0, t1 = float(starts.min()), float(ends.max())
         lat = float(self.switch_latency_ns)
         h = np.asarray(self._hist_t, dtype=np.float64)
@@ -594,31 +613,40 @@ class TubeMPC:
         marks = h[i0:i1]
         bounds = np.unique(np.concatenate(([t0], marks, marks + lat, [t1 + 1.0])))
         bounds = bounds[(bounds >= t0) & (bounds <= t1 + 1.0)]
-        lv = np.array(
-            [min(self.level_at(int(t)), self.level_at(int(t - lat))) for t in bounds[:-1]]
-        )
+        now = [self.level_at(int(t)) for t in bounds[:-1]]
+        before = [self.level_at(int(t - lat)) for t in bounds[:-1]]
         # each node's time inside each clock interval
         over = np.minimum(ends[:, None], bounds[None, 1:]) - np.maximum(
             starts[:, None], bounds[None, :-1]
         )
         per_iv = np.maximum(over, 0.0).sum(axis=0)
-        t_lv = np.bincount(lv, weights=per_iv, minlength=self.n_levels)
-        return measured - t_lv @ self._speedup_share
+        n = self.n_levels
+        t_lo = np.bincount(np.minimum(now, before), weights=per_iv, minlength=n)
+        t_hi = np.bincount(np.maximum(now, before), weights=per_iv, minlength=n)
+        return measured - t_lo @ self._speedup_share, t_hi @ self._slowdown_most
 
     def _bound_reference(
-        self, phase: str, g: PhaseTemplate, host: float, ref: float, lo_meas: np.ndarray
+        self,
+        phase: str,
+        g: PhaseTemplate,
+        host: float,
+        ref: float,
+        lo_meas: np.ndarray,
+        busy_meas: np.ndarray,
     ) -> float:
         """The reference of a graph where the default's time has a lower bound
         (``control.default_bound``): the larger of the top level's time (``ref``) and
         the bound. Also sets the next graph's expected reference (``_last_ref_ns``).
 
         The bound runs the default's rule on its own timeline with this graph's times
-        per level: for the rule's busy share the upper estimate (the model's busy time,
-        the levels the phase has not run at at their worst case, widened by the tube
-        ``r``); for the time the lower one (the model's time at the level, or at the
-        lowest level the phase has run at where that is higher -- a lower clock is
-        never faster --, its slowdown below the top scaled by the learnt gain where
-        that is under 1, less the tube). A prompt graph puts the bound at the top."""
+        per level: for the rule's busy share the upper estimate (the lesser of the
+        model's busy time -- its slowdown scaled by the learnt gain where over 1, below
+        the lowest level the phase has run at that level's times the most a lower clock
+        can slow a kernel, widened by the tube ``r`` -- and the measured bound,
+        ``busy_meas``); for the time the lower one (the greater of the model's time at
+        the level, or at the lowest level the phase has run at where that is higher, its
+        slowdown scaled by the gain where under 1, less the tube, and the measured
+        bound, ``lo_meas``). A prompt graph puts the bound at the top."""
         bound = self._default_bound
         assert bound is not None
         r = self.rel_err.estimate().upper_ns
@@ -627,15 +655,19 @@ class TubeMPC:
             busy_top = max(top_t - host, 0.0) * (1.0 + r)
             dur = np.full(self.n_levels, top_t)
             bound.prompt(dur, np.full(self.n_levels, min(1.0, busy_top / max(top_t, 1.0))))
+            # the bound is at the top now: the next decode graph's expected reference
+            # is the top level's again
+            if "decode" in self._top_ref_ns:
+                self._last_ref_ns["decode"] = self._top_ref_ns["decode"]
             return ref
+        self._top_ref_ns[phase] = ref
         seen = self._seen_for(phase)
         at_seen = np.maximum(np.arange(self.n_levels), seen)
         # time: the model's (at the lowest level run, below it), its slowdown below the
         # top scaled by the learnt gain where under 1, less the tube; never below what
         # this graph's own measured time bounds it by
-        lo = g.graph_ns[at_seen]
-        lo = (top_t + min(1.0, self._slow_gain) * (lo - top_t)) * max(0.0, 1.0 - r)
-        lo = np.maximum(lo, lo_meas)
+        model_t = top_t + min(1.0, self._slow_gain) * (g.graph_ns[at_seen] - top_t)
+        lo = np.maximum(model_t * max(0.0, 1.0 - r), lo_meas)
         # busy time: the model's, its slowdown below the top scaled by the learnt gain
         # (widened) where over 1, plus the tube; below the lowest level run, that
         # level's times the most a lower clock can slow a kernel (_speedup_share)
@@ -645,25 +677,35 @@ class TubeMPC:
         busy_hi = (busy_top + k_hi * np.maximum(busy - busy_top, 0.0)) * (1.0 + r)
         slow = 1.0 / np.maximum(1.0 - self._speedup_share[:, seen], 1e-9)
         busy_hi[:seen] = busy_hi[seen] * slow[:seen]
-        # the default's timeline at the lower-bound times (its polls come as late in
-        # the work as they can), its busy share at the upper-bound busy time
-        dur = lo
+        busy_hi = np.minimum(busy_hi, busy_meas)
+        # the default's timeline: each graph its busy time at the upper bound (the
+        # busiest window the rule can see) and its host time, never under its
+        # lower-bound time
+        dur = np.maximum(lo, busy_hi + host)
         share = np.minimum(1.0, busy_hi / np.maximum(dur, 1.0))
         got = bound.graph(dur, share, lo)
-        self._last_ref_ns[phase] = max(self._last_ref_ns[phase], bound.next_lo(lo))
+        # the next graph's expected reference, for its plan only (its account takes
+        # the bound above): the model's time at the bound's level, without the tube's
+        # margin -- a graph run wholly there is no slower than the default's
+        self._last_ref_ns[phase] = max(
+            self._last_ref_ns[phase], bound.next_lo(np.maximum(lo, model_t))
+        )
         return max(ref, got)
 
-    def _envelope_probe(self, tpl: PhaseTemplate) -> int | None:
-        """The level to run the next decode graph at wholly, where the default's bound
-        (``control.default_bound``) is at a level below any this phase has run at: at
-        the bound's level the graph takes no longer than the default's (a lower clock
-        is never faster), so its reference is its measured time (``_measured_lo``),
-        and the model learns the level. None when there is no such level."""
+    def _envelope_probe(self) -> int | None:
+        """The level to run the next decode graph at wholly: the default's bound level
+        (``control.default_bound``, the highest over the timer phases), where the last
+        decode graph ran above it (the lowest level it spent ``SEEN_SHARE`` of its time
+        at). At that level a graph is no slower than the default's (a lower clock is
+        never faster), so its reference is its measured time (``_measured_bounds``):
+        it costs no debt, and it measures the level the bound's next decisions depend
+        on (the plans' own levels, set against a reference from a faster run, would
+        creep down by the slack alone). None otherwise."""
         bound = self._default_bound
         if bound is None or self.slack <= 0:
             return None
         lv = bound.level_hi()
-        return lv if lv < self._seen_for("decode") else None
+        return lv if lv < self._last_min_level else None
 
     def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
         """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
@@ -921,7 +963,7 @@ class TubeMPC:
             # cover it; requiring the slack to be earned first (tried) left short
             # requests with no stall drops at all, under one switch per token live.
             droppable = False
-        env = None if tpl is None or self.probe_due("decode") else self._envelope_probe(tpl)
+        env = None if tpl is None or self.probe_due("decode") else self._envelope_probe()
         if tpl is None or self.probe_due("decode") or env is not None:
             # nothing to predict from yet, or the reference's top-level probe is due:
             # the graph at the top level, the stalls around it still at the bottom
