@@ -14,23 +14,27 @@ and the governor's tunables (``ShadowParams``, known only for a profiled device)
 choice taken towards a *faster* default (a higher level, hence less time):
 
 * the timer's phase against the workload is unknown: ``N_PHASES`` timelines with their
-  polls shifted by ``polling / N_PHASES``, and each graph's bound is the least of them;
-* a window's busy time is its upper estimate (``busy_hi``: the model's busy time with
-  the tube's relative error added; at a level the phase has not run at, its worst
-  case): a busier window only ever picks a level at least as high
-  (``ondemand_target_hz`` rises with the busy share; above ``up_threshold`` it jumps
-  to the top);
+  polls shifted by ``polling / N_PHASES``; each graph's bound is the least of them, and
+  the level tmpc may follow (``level_hi``) the highest;
+* a window's busy time is the caller's upper estimate (tmpc: the lesser of the model's,
+  widened by the tube and the learnt gain, and a measured bound -- the graph's kernel
+  time at the clocks it ran at, grown by at most the clock ratio): a busier window only
+  ever picks a level at least as high (``ondemand_target_hz`` rises with the busy
+  share, and above ``up_threshold`` it jumps to the top);
 * a prompt graph puts every timeline at the top level (the default is at most there);
 * a raise lands at its poll, a drop one switch latency later;
-* a graph's time at a level is its lower estimate (``time_lo``: the model's time less
-  the tube's error, and at a level the phase has not run at, the lowest level's time it
-  has run at -- a kernel never runs faster at a lower clock).
+* a graph's time at a level is the caller's lower estimate (tmpc: the greatest of the
+  model's less the tube, the graph's measured time less what running its lower-clock
+  parts faster could save, and the same of the request's earlier graphs -- a longer
+  context is never faster).
 
-What this does not bound: the busy share's error beyond the tube, and a timer phase
-between two of the ``N_PHASES``. tmpc takes ``max(top-level time, this bound)``, so the
-bound only ever adds reference where it says the default is slower than the top clock.
-Any other governor (msm-adreno-tz: a closed-source threshold step that a model-driven
-shadow misjudged by 3-34%), or simple_ondemand with tunables not known, gets no bound.
+What this does not bound: errors beyond those margins (the model's tube is a quantile,
+not a bound), and a timer phase between two of the ``N_PHASES``. tmpc takes
+``max(top-level time, this bound)``, so the bound only ever adds reference where it
+says the default is slower than the top clock. Any other governor (msm-adreno-tz: a
+closed-source threshold step that a model-driven shadow misjudged by 3-34%), or
+simple_ondemand with tunables not known (a real device: its driver sets them), gets no
+bound.
 """
 
 from __future__ import annotations

@@ -134,6 +134,9 @@ GAIN_MIN_PLANNED = 0.005
 # a level counts as run (its time measured, see TubeMPC._cautious) once a graph spent
 # this share of its kernel time there
 SEEN_SHARE = 0.1
+# a decode graph's measured lower bound holds for the request's later ones (a context
+# no shorter) less this share of its kernel time: timing noise between graphs
+ANCHOR_MARGIN = 0.02
 
 
 class CautiousTables(NamedTuple):
@@ -271,6 +274,9 @@ class TubeMPC:
         )
         self._last_min_level = self.top
         self._top_ref_ns: dict[str, float] = {}  # the last graph's top-level reference
+        # per level: the most kernel time the decode graphs of this request so far bound
+        # a later one's by (see _bound_reference)
+        self._anchor_ns: np.ndarray | None = None
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -659,8 +665,16 @@ class TubeMPC:
             # is the top level's again
             if "decode" in self._top_ref_ns:
                 self._last_ref_ns["decode"] = self._top_ref_ns["decode"]
+            self._anchor_ns = None  # a new request: a new context
             return ref
         self._top_ref_ns[phase] = ref
+        # a later decode graph of the same request is at least as slow at each level as
+        # this one (its context is no shorter): this graph's measured bound, kernel time
+        # only (host time is its own), bounds theirs
+        kern = (lo_meas - host) * (1.0 - ANCHOR_MARGIN)
+        anchor = self._anchor_ns
+        self._anchor_ns = kern if anchor is None else np.maximum(anchor, kern)
+        lo_meas = np.maximum(lo_meas, self._anchor_ns + host)
         seen = self._seen_for(phase)
         at_seen = np.maximum(np.arange(self.n_levels), seen)
         # time: the model's (at the lowest level run, below it), its slowdown below the
