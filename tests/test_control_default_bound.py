@@ -63,6 +63,18 @@ def test_bound_counts_an_idle_gap():
     b = _bound()
     b.idle(400 * MS)
     assert b.level_hi() == 0
+    # an hour idle: the same, and each timeline's clock and timer moved by the hour
+    t_before = [tl.t for tl in b._tl]
+    b.idle(3600_000 * MS)
+    assert b.level_hi() == 0
+    for t, tl in zip(t_before, b._tl, strict=True):
+        assert tl.t == pytest.approx(t + 3600_000 * MS)
+        assert t + 3600_000 * MS < tl.next_poll <= t + 3600_000 * MS + 50 * MS
+    # and a busy graph after it is seen by the next poll as usual
+    dur, share = _compute_bound_graph(8.0)
+    for _ in range(12):
+        b.graph(dur, share, dur)
+    assert b.level_hi() == 4
 
 
 def test_shadow_params_know_the_rules_only_from_a_profile():

@@ -149,9 +149,21 @@ class OndemandBound:
 
     def idle(self, dur_ns: float) -> None:
         """GPU-idle time (a stall, a host gap between graphs, an idle gap)."""
-        if dur_ns > 0:
-            for tl in self._tl:
-                self._run(tl, float(dur_ns), 0.0, 0.0)
+        if dur_ns <= 0:
+            return
+        for tl in self._tl:
+            end = tl.t + float(dur_ns)
+            # once a poll has seen an idle window the level is the bottom and every
+            # later poll of the gap decides the same: whole periods are skipped (a
+            # server idle for an hour is not 72,000 polls per timeline)
+            self._run(tl, min(float(dur_ns), tl.next_poll + self.poll_ns - tl.t), 0.0, 0.0)
+            skip = int((end - tl.t) // self.poll_ns) - 1
+            if skip > 0 and tl.level == 0 and tl.drop_at == np.inf and tl.win_busy == 0.0:
+                tl.t += skip * self.poll_ns
+                tl.next_poll += skip * self.poll_ns
+                tl.win_t0 = tl.next_poll - self.poll_ns
+            if end > tl.t:
+                self._run(tl, end - tl.t, 0.0, 0.0)
 
     def prompt(self, dur_ns: np.ndarray, busy_share: np.ndarray) -> None:
         """A prompt graph: every timeline at the top level first (the bound's level
