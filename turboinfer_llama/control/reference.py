@@ -31,6 +31,9 @@ class ShadowParams:
     ondemand_down: int = 5
     ondemand_polling_ns: int = 50_000_000
     initial_hz: int | None = None
+    # the tunables above are the device's own (a profiled device), not defaults: only
+    # then does tmpc bound the default's time by them (``control.default_bound``)
+    rules_known: bool = False
 
     @classmethod
     def from_device(cls, device: object) -> ShadowParams:
@@ -51,4 +54,5 @@ class ShadowParams:
             ondemand_down=p.ondemand_down_differential,
             ondemand_polling_ns=p.ondemand_polling_ns,
             initial_hz=device.current_hz(),  # type: ignore[attr-defined]
+            rules_known=True,
         )

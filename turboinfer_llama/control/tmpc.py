@@ -25,6 +25,15 @@ msm-adreno-tz's ramp-up threshold, and wherever the model extrapolated to levels
 had not run, it misjudged the default by 3-34% and the budget overshot 2-5x. The
 price of the top-level reference: where the default is slower than the top clock,
 that slowness is not spent -- the hindsight ``static-best``/``phase`` can spend it.)
+Where the default's rule is deterministic and its tunables known (simple_ondemand on a
+profiled device) a decode graph's reference is the larger of that and a lower bound of
+the default's time (``control.default_bound``, ``_bound_reference``): simple_ondemand
+run on the default's timeline with every choice towards a faster default, each level's
+time bounded below by the model (less the tube) and by the graph's own measured time,
+its busy time above by the model (plus the tube) and the measured time
+(``_measured_bounds``). Where that bound puts the default below the level the last
+decode graph ran at, the next runs wholly at the bound's level (``_envelope_probe``): it
+is no slower than the default there, so it costs no debt, and it measures the level.
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
@@ -99,6 +108,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from . import plan_native
+from .default_bound import OndemandBound
 from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
 from .model import PowerTable, WorkloadModel
@@ -124,6 +134,9 @@ GAIN_MIN_PLANNED = 0.005
 # a level counts as run (its time measured, see TubeMPC._cautious) once a graph spent
 # this share of its kernel time there
 SEEN_SHARE = 0.1
+# a decode graph's measured lower bound holds for the request's later ones (a context
+# no shorter) less this share of its kernel time: timing noise between graphs
+ANCHOR_MARGIN = 0.02
 
 
 class CautiousTables(NamedTuple):
@@ -226,6 +239,22 @@ class TubeMPC:
             worst = np.maximum(worst, np.asarray(self.power.mem_slowdown, dtype=np.float64))
         self._worst_ratio = worst
         self._clock_slowdown = self.levels_hz[-1] / self.levels_hz - 1.0
+        # [l, L]: the share of a kernel's time at level l that running it at L > l can
+        # save at most: 1 - 1 / (the clock ratio, or the published DRAM ratio where
+        # larger); 0 for L <= l (see _measured_bounds)
+        speedup = self.levels_hz[None, :] / self.levels_hz[:, None]
+        if self.power.mem_slowdown is not None:
+            mem = np.asarray(self.power.mem_slowdown, dtype=np.float64)
+            speedup = np.maximum(speedup, mem[:, None] / mem[None, :])
+        speedup = np.maximum(speedup, 1.0)
+        self._speedup_share = np.triu(1.0 - 1.0 / speedup, k=1)
+        # [l, L]: the most a kernel's time at level l can grow run at L (the same ratio
+        # the other way, for L < l; 1 for L >= l: a higher clock is never slower)
+        self._slowdown_most = np.where(
+            np.arange(self.n_levels)[:, None] > np.arange(self.n_levels)[None, :],
+            speedup.T,
+            1.0,
+        )
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         self._busy_last: int | None = None
@@ -253,6 +282,30 @@ class TubeMPC:
         self._req_ends: list[int] = []  # REQUEST_END / IDLE times (recent)
         self._t_end_prev: int | None = None  # end of the last graph learnt from
         self._prev_phase = "decode"
+        # a lower bound of the default governor's time, where its rule is deterministic
+        # and its tunables known (simple_ondemand on a profiled device); else None and
+        # the reference is the top level's time alone (see _bound_reference)
+        sp = self.shadow_params
+        self._default_bound = (
+            OndemandBound(
+                self.levels_int,
+                up_threshold=sp.ondemand_up,
+                down_differential=sp.ondemand_down,
+                polling_ns=sp.ondemand_polling_ns,
+                switch_latency_ns=self.switch_latency_ns,
+            )
+            if sp.governor == "simple_ondemand"
+            and sp.rules_known
+            and sp.ondemand_polling_ns > 0
+            # measured times that do not follow the clock bound nothing
+            and clock_coupled
+            else None
+        )
+        self._last_min_level = self.top
+        self._top_ref_ns: dict[str, float] = {}  # the last graph's top-level reference
+        # per level: the most kernel time the decode graphs of this request so far bound
+        # a later one's by (see _bound_reference)
+        self._anchor_ns: np.ndarray | None = None
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -450,6 +503,9 @@ class TubeMPC:
         self._stalls_before(b)
         self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns, phase)
         measured = float(b.compute_ns)
+        if self._default_bound is not None and self._t_end_prev is not None:
+            # the stall (or idle gap) since the last graph, and this one's submission
+            self._default_bound.idle(b.t_first_ns - self._t_end_prev)
         if b.n and measured > 0:
             pm = self.model.phases[phase]
             starts, ends = self._node_spans(b)
@@ -502,10 +558,19 @@ class TubeMPC:
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
             ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
             self._last_ref_ns[phase] = ref
+            if self._default_bound is not None:
+                lo_meas, busy_meas = self._measured_bounds(starts, ends, measured)
+                if phase == "decode":
+                    tot = float(obs.level_ns.sum())
+                    big = np.nonzero(obs.level_ns >= SEEN_SHARE * tot)[0]
+                    self._last_min_level = int(big[0]) if tot > 0 and len(big) else self.top
+                ref = self._bound_reference(phase, g, host, ref, lo_meas, busy_meas)
             if phase == "prefill":
                 self._prepare_prefill(g, b.n_tokens)
         else:
             ref = measured
+            if self._default_bound is not None:
+                self._default_bound.idle(measured)
         if phase == "decode" and not self.clock_coupled:
             # measured time says nothing of the clock: the debt is what the plan
             # committed, at its worst case
@@ -569,6 +634,129 @@ class TubeMPC:
         )
         mid = len(scaled) // 2
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
+
+    def _measured_bounds(
+        self, starts: np.ndarray, ends: np.ndarray, measured: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds of this graph were it run wholly at each level, from its measured time
+        alone (no model): below, its time: ``measured - sum over the time t it ran at
+        a level l below L of t * (1 - 1 / s(l, L))``, ``s`` the most a kernel can speed
+        up from l to L (the clock ratio, or the published DRAM ratio where larger) --
+        at and below the lowest level it ran at, its measured time (a lower clock is
+        never faster); above, its kernel time: ``sum of t * s(L, l)`` over the levels
+        l above L it ran at, plus the time it ran at or below L. Each clock is taken at
+        its lowest (for the time) or highest (for the kernel time) over a switch
+        latency after each switch's landing: an applied switch may land up to a switch
+        latency after it was due (a queued vote)."""
+        t0, t1 = float(starts.min()), float(ends.max())
+        lat = float(self.switch_latency_ns)
+        h = np.asarray(self._hist_t, dtype=np.float64)
+        i0 = int(np.searchsorted(h, t0 - lat, side="right"))
+        i1 = int(np.searchsorted(h, t1, side="right"))
+        marks = h[i0:i1]
+        bounds = np.unique(np.concatenate(([t0], marks, marks + lat, [t1 + 1.0])))
+        bounds = bounds[(bounds >= t0) & (bounds <= t1 + 1.0)]
+        now = [self.level_at(int(t)) for t in bounds[:-1]]
+        before = [self.level_at(int(t - lat)) for t in bounds[:-1]]
+        # each node's time inside each clock interval
+        over = np.minimum(ends[:, None], bounds[None, 1:]) - np.maximum(
+            starts[:, None], bounds[None, :-1]
+        )
+        per_iv = np.maximum(over, 0.0).sum(axis=0)
+        n = self.n_levels
+        t_lo = np.bincount(np.minimum(now, before), weights=per_iv, minlength=n)
+        t_hi = np.bincount(np.maximum(now, before), weights=per_iv, minlength=n)
+        return measured - t_lo @ self._speedup_share, t_hi @ self._slowdown_most
+
+    def _bound_reference(
+        self,
+        phase: str,
+        g: PhaseTemplate,
+        host: float,
+        ref: float,
+        lo_meas: np.ndarray,
+        busy_meas: np.ndarray,
+    ) -> float:
+        """The reference of a graph where the default's time has a lower bound
+        (``control.default_bound``): the larger of the top level's time (``ref``) and
+        the bound. Also sets the next graph's expected reference (``_last_ref_ns``).
+
+        The bound runs the default's rule on its own timeline with this graph's times
+        per level: for the rule's busy share the upper estimate (the lesser of the
+        model's busy time -- its slowdown scaled by the learnt gain where over 1, below
+        the lowest level the phase has run at that level's times the most a lower clock
+        can slow a kernel, widened by the tube ``r`` -- and the measured bound,
+        ``busy_meas``); for the time the lower one (the greater of the model's time at
+        the level, or at the lowest level the phase has run at where that is higher, its
+        slowdown scaled by the gain where under 1, less the tube, and the measured
+        bound, ``lo_meas``). A prompt graph puts the bound at the top."""
+        bound = self._default_bound
+        assert bound is not None
+        r = self.rel_err.estimate().upper_ns
+        top_t = float(g.graph_ns[self.top])
+        if phase == "prefill":
+            busy_top = max(top_t - host, 0.0) * (1.0 + r)
+            dur = np.full(self.n_levels, top_t)
+            bound.prompt(dur, np.full(self.n_levels, min(1.0, busy_top / max(top_t, 1.0))))
+            # the bound is at the top now: the next decode graph's expected reference
+            # is the top level's again
+            if "decode" in self._top_ref_ns:
+                self._last_ref_ns["decode"] = self._top_ref_ns["decode"]
+            self._anchor_ns = None  # a new request: a new context
+            return ref
+        self._top_ref_ns[phase] = ref
+        # a later decode graph of the same request is at least as slow at each level as
+        # this one (its context is no shorter): this graph's measured bound, kernel time
+        # only (host time is its own), bounds theirs
+        kern = (lo_meas - host) * (1.0 - ANCHOR_MARGIN)
+        anchor = self._anchor_ns
+        self._anchor_ns = kern if anchor is None else np.maximum(anchor, kern)
+        lo_meas = np.maximum(lo_meas, self._anchor_ns + host)
+        seen = self._seen_for(phase)
+        at_seen = np.maximum(np.arange(self.n_levels), seen)
+        # time: the model's (at the lowest level run, below it), its slowdown below the
+        # top scaled by the learnt gain where under 1, less the tube; never below what
+        # this graph's own measured time bounds it by
+        model_t = top_t + min(1.0, self._slow_gain) * (g.graph_ns[at_seen] - top_t)
+        lo = np.maximum(model_t * max(0.0, 1.0 - r), lo_meas)
+        # busy time: the model's, its slowdown below the top scaled by the learnt gain
+        # (widened) where over 1, plus the tube; below the lowest level run, that
+        # level's times the most a lower clock can slow a kernel (_speedup_share)
+        k_hi = max(1.0, self._slow_gain * max(1.0, self._gain_err.estimate().upper_ns))
+        busy_top = max(top_t - host, 0.0)
+        busy = np.maximum(g.graph_ns - host, 0.0)
+        busy_hi = (busy_top + k_hi * np.maximum(busy - busy_top, 0.0)) * (1.0 + r)
+        slow = 1.0 / np.maximum(1.0 - self._speedup_share[:, seen], 1e-9)
+        busy_hi[:seen] = busy_hi[seen] * slow[:seen]
+        busy_hi = np.minimum(busy_hi, busy_meas)
+        # the default's timeline: each graph its busy time at the upper bound (the
+        # busiest window the rule can see) and its host time, never under its
+        # lower-bound time
+        dur = np.maximum(lo, busy_hi + host)
+        share = np.minimum(1.0, busy_hi / np.maximum(dur, 1.0))
+        got = bound.graph(dur, share, lo)
+        # the next graph's expected reference, for its plan only (its account takes
+        # the bound above): the model's time at the bound's level, without the tube's
+        # margin -- a graph run wholly there is no slower than the default's
+        self._last_ref_ns[phase] = max(
+            self._last_ref_ns[phase], bound.next_lo(np.maximum(lo, model_t))
+        )
+        return max(ref, got)
+
+    def _envelope_probe(self) -> int | None:
+        """The level to run the next decode graph at wholly: the default's bound level
+        (``control.default_bound``, the highest over the timer phases), where the last
+        decode graph ran above it (the lowest level it spent ``SEEN_SHARE`` of its time
+        at). At that level a graph is no slower than the default's (a lower clock is
+        never faster), so its reference is its measured time (``_measured_bounds``):
+        it costs no debt, and it measures the level the bound's next decisions depend
+        on (the plans' own levels, set against a reference from a faster run, would
+        creep down by the slack alone). None otherwise."""
+        bound = self._default_bound
+        if bound is None or self.slack <= 0:
+            return None
+        lv = bound.level_hi()
+        return lv if lv < self._last_min_level else None
 
     def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
         """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
@@ -844,15 +1032,16 @@ class TubeMPC:
             return Plan(
                 first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_now, top),)
             )
-        if tpl is None or self.probe_due("decode"):
+        env = None if tpl is None or self.probe_due("decode") else self._envelope_probe()
+        if tpl is None or self.probe_due("decode") or env is not None:
             # nothing to predict from yet, or the reference's top-level probe is due:
-            # the graph at the top level, raised as the stall before it begins (a probe
-            # must run wholly at the top: a raise timed by the stall's forecast lands
-            # after the graph's start whenever the stall is shorter than any seen, and
-            # the probe is then missed and repeated graph after graph); the stall after
-            # it still at the bottom
-            lv = self.top
-            if tpl is not None:
+            # the graph at the top level; or a probe of the default's bound level. Set
+            # as the stall before it begins (a probe must run wholly at its level: a
+            # raise timed by the stall's forecast lands after the graph's start
+            # whenever the stall is shorter than any seen, and the probe is then missed
+            # and repeated graph after graph); the stall after it still at the bottom
+            lv = self.top if env is None else env
+            if tpl is not None and env is None:
                 self._probe_for["decode"] = target
             return Plan(
                 first_level=lv,

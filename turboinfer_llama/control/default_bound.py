@@ -1,0 +1,187 @@
+"""A lower bound of the default governor's time, where its rule is deterministic.
+
+tmpc's latency reference is the top clock's measured time (``tmpc.TubeMPC._reference_ns``):
+safe on any GPU, but where the default governor runs well below the top clock
+(simple_ondemand on the simulated ``mali-g76`` and ``generic``: 20-38% slower) that
+slowness is left unspent. simple_ondemand is a plain formula of one window's busy
+share, decided on a fixed polling timer (``devices.governors.ondemand_target_hz``), so
+its level over a run can be bounded from above -- and the default's time from below --
+from what tmpc measures anyway: the stalls and host gaps (GPU idle, the same at every
+clock), each graph's busy time per level (the model, at the levels the phase has run),
+and the governor's tunables (``ShadowParams``, known only for a profiled device).
+
+``OndemandBound`` runs simple_ondemand on a virtual timeline of the default's run, every
+choice taken towards a *faster* default (a higher level, hence less time):
+
+* the timer's phase against the workload is unknown: ``N_PHASES`` timelines with their
+  polls shifted by ``polling / N_PHASES``; each graph's bound is the least of them, and
+  the level tmpc may follow (``level_hi``) the highest;
+* a window's busy time is the caller's upper estimate (tmpc: the lesser of the model's,
+  widened by the tube and the learnt gain, and a measured bound -- the graph's kernel
+  time at the clocks it ran at, grown by at most the clock ratio): a busier window only
+  ever picks a level at least as high (``ondemand_target_hz`` rises with the busy
+  share, and above ``up_threshold`` it jumps to the top);
+* a prompt graph puts every timeline at the top level (the default is at most there);
+* a raise lands at its poll, a drop one switch latency later;
+* a graph's time at a level is the caller's lower estimate (tmpc: the greatest of the
+  model's less the tube, the graph's measured time less what running its lower-clock
+  parts faster could save, and the same of the request's earlier graphs -- a longer
+  context is never faster).
+
+What this does not bound: errors beyond those margins (the model's tube is a quantile,
+not a bound), and a timer phase between two of the ``N_PHASES``. tmpc takes
+``max(top-level time, this bound)``, so the bound only ever adds reference where it
+says the default is slower than the top clock. Any other governor (msm-adreno-tz: a
+closed-source threshold step that a model-driven shadow misjudged by 3-34%), or
+simple_ondemand with tunables not known (a real device: its driver sets them), gets no
+bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..devices.governors import ondemand_target_hz
+
+N_PHASES = 12  # timer phases tried (see the module docstring)
+
+
+class _Timeline:
+    """simple_ondemand on one virtual timeline of the default's run."""
+
+    __slots__ = ("drop_at", "drop_to", "level", "next_poll", "t", "win_busy", "win_t0")
+
+    def __init__(self, first_poll_ns: float, level: int) -> None:
+        self.t = 0.0
+        self.next_poll = first_poll_ns
+        self.win_t0 = 0.0
+        self.win_busy = 0.0
+        self.level = level
+        self.drop_at = np.inf  # a pending drop lands at drop_at (ns), to drop_to
+        self.drop_to = level
+
+
+class OndemandBound:
+    """Upper envelope of simple_ondemand's level; lower bound of the default's time."""
+
+    def __init__(
+        self,
+        levels_hz: Sequence[int],
+        *,
+        up_threshold: int,
+        down_differential: int,
+        polling_ns: int,
+        switch_latency_ns: int,
+        n_phases: int = N_PHASES,
+    ) -> None:
+        if polling_ns <= 0:
+            raise ValueError(f"polling interval must be > 0, got {polling_ns}")
+        self.levels_hz = [int(x) for x in sorted(levels_hz)]
+        self.top = len(self.levels_hz) - 1
+        self.up = int(up_threshold)
+        self.down = int(down_differential)
+        self.poll_ns = float(polling_ns)
+        self.switch_ns = float(switch_latency_ns)
+        step = self.poll_ns / n_phases
+        self._tl = [_Timeline((k + 1) * step, self.top) for k in range(n_phases)]
+
+    # ---- one timeline ------------------------------------------------------------
+
+    def _poll(self, tl: _Timeline) -> None:
+        total = tl.t - tl.win_t0
+        hz = ondemand_target_hz(
+            total,
+            tl.win_busy,
+            self.levels_hz[tl.level],
+            self.levels_hz,
+            self.up,
+            self.down,
+        )
+        new = self.levels_hz.index(hz)
+        if new >= tl.level:  # a raise (or none) lands at once; it cancels a pending drop
+            tl.level = new
+            tl.drop_at = np.inf
+        else:
+            tl.drop_at, tl.drop_to = tl.t + self.switch_ns, new
+        tl.win_t0, tl.win_busy = tl.t, 0.0
+        tl.next_poll += self.poll_ns
+
+    def _run(
+        self,
+        tl: _Timeline,
+        dur_ns: np.ndarray | float,
+        busy_share: np.ndarray | float,
+        lo_ns: np.ndarray | float,
+    ) -> float:
+        """Advance ``tl`` through one piece of work that takes ``dur_ns[level]`` at each
+        level (busy ``busy_share[level]`` of it); return its lower-bound time
+        (``lo_ns[level]`` for the whole piece, shared out by the work done at each
+        level). Scalars: the same at every level (GPU-idle time)."""
+        scalar = np.ndim(dur_ns) == 0
+        left = 1.0  # share of the piece's work still to do
+        lo = 0.0
+        while left > 1e-12:
+            lv = tl.level
+            d = float(dur_ns if scalar else dur_ns[lv])  # type: ignore[index]
+            b = float(busy_share if np.ndim(busy_share) == 0 else busy_share[lv])  # type: ignore[index]
+            lo_lv = float(lo_ns if np.ndim(lo_ns) == 0 else lo_ns[lv])  # type: ignore[index]
+            if d <= 0:
+                break
+            event = min(tl.next_poll, tl.drop_at)
+            need = left * d
+            dt = min(need, max(event - tl.t, 0.0))
+            share = dt / d
+            tl.t += dt
+            tl.win_busy += b * dt
+            lo += share * lo_lv
+            left -= share
+            if dt >= need:
+                left = 0.0
+            if tl.t >= tl.drop_at:
+                tl.level, tl.drop_at = tl.drop_to, np.inf
+            if tl.t >= tl.next_poll:
+                self._poll(tl)
+        return lo
+
+    # ---- the run ---------------------------------------------------------------
+
+    def idle(self, dur_ns: float) -> None:
+        """GPU-idle time (a stall, a host gap between graphs, an idle gap)."""
+        if dur_ns <= 0:
+            return
+        for tl in self._tl:
+            end = tl.t + float(dur_ns)
+            # once a poll has seen an idle window the level is the bottom and every
+            # later poll of the gap decides the same: whole periods are skipped (a
+            # server idle for an hour is not 72,000 polls per timeline)
+            self._run(tl, min(float(dur_ns), tl.next_poll + self.poll_ns - tl.t), 0.0, 0.0)
+            skip = int((end - tl.t) // self.poll_ns) - 1
+            if skip > 0 and tl.level == 0 and tl.drop_at == np.inf and tl.win_busy == 0.0:
+                tl.t += skip * self.poll_ns
+                tl.next_poll += skip * self.poll_ns
+                tl.win_t0 = tl.next_poll - self.poll_ns
+            if end > tl.t:
+                self._run(tl, end - tl.t, 0.0, 0.0)
+
+    def prompt(self, dur_ns: np.ndarray, busy_share: np.ndarray) -> None:
+        """A prompt graph: every timeline at the top level first (the bound's level
+        is an upper bound of the default's), then the graph."""
+        for tl in self._tl:
+            tl.level, tl.drop_at = self.top, np.inf
+            self._run(tl, dur_ns, busy_share, dur_ns)
+
+    def graph(self, dur_ns: np.ndarray, busy_share: np.ndarray, lo_ns: np.ndarray) -> float:
+        """A decode graph: its lower-bound time in the default's run (the least over
+        the timer phases)."""
+        return min(self._run(tl, dur_ns, busy_share, lo_ns) for tl in self._tl)
+
+    def level_hi(self) -> int:
+        """The highest level any timeline is at now."""
+        return max(tl.level for tl in self._tl)
+
+    def next_lo(self, lo_ns: np.ndarray) -> float:
+        """Lower-bound time of a graph with times ``lo_ns`` run at each timeline's
+        present level (the next graph's, were no poll to come first)."""
+        return min(float(lo_ns[tl.level]) for tl in self._tl)
