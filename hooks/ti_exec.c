@@ -102,6 +102,13 @@ struct ti_exec {
 	int32_t cur_level;
 	int32_t floor_level; /* SYSFS_PAIR: level each file holds now */
 	int32_t ceiling_level;
+	/*
+	 * SYSFS_PAIR: the highest level allowed, lowered when the ceiling file is found
+	 * holding something other than what we last wrote there (a thermal daemon's cap,
+	 * written between two of our switches); never raised. n_levels - 1 = no cap.
+	 */
+	int32_t cap_level;
+	uint64_t caps_seen;
 	struct ti_slot slots[4];
 	int pending; /* slot index, -1 = none */
 	int claimed; /* a plan for the begun graph, behind a later pending one; -1 = none */
@@ -260,6 +267,59 @@ static int ti_write_value(struct ti_exec *ex, int which, int32_t level)
 	return 0;
 }
 
+static bool ti_is_space(char c)
+{
+	return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\0';
+}
+
+/*
+ * Caller holds mu. SYSFS_PAIR: read the ceiling file back; if it no longer holds what
+ * we wrote last, someone capped it since (a thermal daemon writing max_freq or
+ * max_pwrlevel): lower cap_level to the highest level whose value is at or below the
+ * one found (values in either order: Hz ascend, KGSL power levels descend), and return
+ * it. A read that fails changes nothing (the write that follows reports the fault).
+ */
+static int32_t ti_check_cap(struct ti_exec *ex)
+{
+	const char *mine = ex->ceiling_level >= 0 ? ex->values[1][ex->ceiling_level] : "";
+	size_t mine_len = ex->ceiling_level >= 0 ? ex->value_len[1][ex->ceiling_level] : 0;
+	char buf[TI_EXEC_VALUE_LEN];
+	long long found, v;
+	bool ascending;
+	ssize_t n;
+	size_t len;
+	int32_t i, cap = 0;
+	char *end;
+
+	n = pread(ex->fd[1], buf, sizeof(buf) - 1, 0);
+	if (n <= 0)
+		return ex->cap_level;
+	len = (size_t)n;
+	while (len > 0 && ti_is_space(buf[len - 1]))
+		len--;
+	while (mine_len > 0 && ti_is_space(mine[mine_len - 1]))
+		mine_len--;
+	buf[len] = '\0';
+	if (len == mine_len && memcmp(buf, mine, len) == 0)
+		return ex->cap_level;
+	errno = 0;
+	found = strtoll(buf, &end, 10);
+	if (errno != 0 || end == buf)
+		return ex->cap_level; /* not a number: not ours to judge */
+	ascending = strtoll(ex->values[1][0], NULL, 10) <=
+		    strtoll(ex->values[1][ex->n_levels - 1], NULL, 10);
+	for (i = 0; i < (int32_t)ex->n_levels; i++) {
+		v = strtoll(ex->values[1][i], NULL, 10);
+		if (ascending ? v <= found : v >= found)
+			cap = i;
+	}
+	if (cap < ex->cap_level) {
+		ex->cap_level = cap;
+		ex->caps_seen++;
+	}
+	return ex->cap_level;
+}
+
 /* 0 or an errno. SYSFS_PAIR never lets floor > ceiling exist between its writes. */
 static int ti_actuate(struct ti_exec *ex, int32_t level)
 {
@@ -327,11 +387,13 @@ static void ti_apply_due(struct ti_exec *ex, int32_t level, enum ti_source sourc
 
 	if (ex->stopped || level < 0)
 		return;
+	t_ns = ti_clock_ns();
+	if (ex->actuator == TI_ACT_SYSFS_PAIR && level > ti_check_cap(ex))
+		level = ex->cap_level; /* never above a cap written since our last switch */
 	if (level == ex->cur_level) {
 		ex->skipped++;
 		return;
 	}
-	t_ns = ti_clock_ns();
 	err = ti_actuate(ex, level);
 	done_ns = ti_clock_ns();
 	rec = (struct ti_applied){
@@ -809,7 +871,12 @@ static int ti_open_files(struct ti_exec *ex, const struct ti_exec_config *cfg)
 		struct stat st;
 		struct statfs sfs;
 
-		ex->fd[which] = open(cfg->path[which], O_WRONLY | O_CLOEXEC);
+		/* the ceiling is read back before each switch (ti_check_cap) where it can be */
+		ex->fd[which] = -1;
+		if (cfg->actuator == TI_ACT_SYSFS_PAIR && which == 1)
+			ex->fd[which] = open(cfg->path[which], O_RDWR | O_CLOEXEC);
+		if (ex->fd[which] < 0)
+			ex->fd[which] = open(cfg->path[which], O_WRONLY | O_CLOEXEC);
 		if (ex->fd[which] < 0) {
 			err = -errno;
 			goto fail;
@@ -859,6 +926,7 @@ TI_API int ti_exec_create(const struct ti_exec_config *cfg, struct ti_exec **out
 	ex->cur_level = cfg->initial_level;
 	ex->floor_level = cfg->initial_floor;
 	ex->ceiling_level = cfg->initial_ceiling;
+	ex->cap_level = (int32_t)cfg->n_levels - 1;
 	ex->pending = ex->active = ex->claimed = -1;
 	ex->last_fallback = -1;
 	ex->awaiting_first = true;

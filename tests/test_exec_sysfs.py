@@ -395,3 +395,47 @@ def test_device_backends_describe_their_native_actuator(tmp_path: Path) -> None:
             assert dev.native_actuator() == native_exec.KmodActuator(str(fifo))
         finally:
             dev.close()
+
+
+def _capped_run(ex: native_exec.NativeExecutor, ceiling: Path, cap_value: str) -> list[int]:
+    """Switch high, let a thermal daemon write ``cap_value`` into the ceiling file, then
+    ask for more, for less and for more again: the levels the executor applied."""
+    ex.switch_now(10)
+    ceiling.write_text(cap_value)  # a thermal daemon, between two of our switches
+    for level in (11, 2, 9):
+        ex.switch_now(level)
+    return [a.level for a in ex.drain_log()]
+
+
+def test_a_cap_written_between_two_switches_is_never_exceeded(tmp_path: Path) -> None:
+    """Issue 11's one-graph ``max_freq`` cap window: the governor reads the device's max
+    before each graph, but a cap written mid-graph used to be overwritten by the next
+    raise. The executor reads the ceiling back before each switch: a value it did not
+    write is a cap, and no later switch goes above it (devfreq Hz and KGSL power levels,
+    which run the other way)."""
+    paths = make_exynos_mali(tmp_path / "mali")
+    node = paths["devfreq"]
+    gpu = DevfreqGpu(LocalSysfs(paths["root"]), "/sys/class/devfreq/18500000.mali")
+    levels = gpu.frequencies_hz()
+    with native_exec.NativeExecutor(levels, gpu.native_actuator()) as ex:
+        applied = _capped_run(ex, node / "max_freq", f"{levels[4]}\n")
+        assert first_int(node / "max_freq") <= levels[4]
+    assert applied == [10, 4, 2, 4], applied
+    gpu.close()
+
+    kpaths = make_oneplus8_kgsl(tmp_path / "kgsl")
+    kgsl = KgslGpu(LocalSysfs(kpaths["root"]), "/sys/class/kgsl/kgsl-3d0")
+    klevels = kgsl.frequencies_hz()
+    kact = kgsl.native_actuator()
+    assert isinstance(kact, native_exec.SysfsPairActuator)
+    top = len(klevels) - 1
+    with native_exec.NativeExecutor(klevels, kact) as ex:
+        ex.switch_now(top)
+        # capped at power level 2: two below the fastest (power level 0 is the top)
+        (kpaths["kgsl"] / "max_pwrlevel").write_text("2\n")
+        for level in (top, 1, top - 1):
+            ex.switch_now(level)
+        applied = [a.level for a in ex.drain_log()]
+        assert first_int(kpaths["kgsl"] / "max_pwrlevel") >= 2  # never a faster one
+    assert applied == [top, top - 2, 1, top - 2], applied
+    kgsl.close()
