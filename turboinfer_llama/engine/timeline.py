@@ -204,6 +204,11 @@ class Timeline:
         self._seg_table: list[tuple[Any, ...]] = []
         self._stall_meta: dict[tuple[StallKind, str], int] = {}
         self._kmaps: dict[tuple[int, str, bool], tuple[NodeTable, np.ndarray]] = {}
+        # by phase: what a graph of asks only with these node-table codes (the same
+        # array object while graphs have the same shape) shares its time by
+        self._asks_cache: dict[
+            str, tuple[np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]
+        ] = {}
         self.dropped = 0
         self.segments_dropped = 0
         self.total_events = 0
@@ -537,6 +542,81 @@ class Timeline:
             got = arr[codes]
         return got
 
+    def _graph_columns_asks(self, g: _Graph, b: NodeBlock, end_ns: int) -> SegmentColumns:
+        """``_graph_columns`` for one block of asks only (``graph`` granularity): one
+        run of every node, to DECODE_END; its weights' shares cached while the graphs
+        keep their shape."""
+        table = b.table
+        m = len(b)
+        t = b.t_ns
+        t0 = int(t[0])
+        submit = 1 if t0 > g.begin_ns else 0
+        rows = submit + m
+        span = max(end_ns - t0, 0)
+        phase = g.phase
+        if m == 1:
+            kt: np.ndarray = t
+            kd = np.full(1, span, dtype=np.int64)
+            kmeta = self._meta_kernels(table, phase, True, b.code)
+            klayers = table.layers[b.code]
+        else:
+            cached = self._asks_cache.get(phase)
+            if cached is None or cached[0] is not b.code:
+                w = table.weights[b.code]
+                cached = (
+                    b.code,
+                    np.cumsum(w[:-1]),
+                    sum(w.tolist()),  # as ``_run_kernels`` sums them
+                    self._meta_kernels(table, phase, False, b.code),
+                    table.layers[b.code],
+                )
+                self._asks_cache[phase] = cached
+            _, csum, total, kmeta, klayers = cached
+            cut = np.empty(m + 1, dtype=np.int64)
+            cut[0] = 0
+            cut[m] = span
+            cut[1:m] = (span * csum / total).astype(np.int64)
+            kt = t0 + cut[:-1]
+            kd = np.diff(cut)
+        t_col = np.empty(rows, dtype=np.int64)
+        d_col = np.empty(rows, dtype=np.int64)
+        req = np.full(rows, g.request, dtype=np.int64)
+        tok = np.full(rows, g.token, dtype=np.int64)
+        gr = np.empty(rows, dtype=np.int64)
+        nd = np.empty(rows, dtype=np.int64)
+        ly = np.empty(rows, dtype=np.int64)
+        meta = np.empty(rows, dtype=np.int32)
+        if submit:
+            sub_ns = t0 - g.begin_ns
+            t_col[0] = g.begin_ns
+            d_col[0] = sub_ns
+            req[0] = self._request  # a stall carries the current ones
+            tok[0] = self._token
+            gr[0] = nd[0] = ly[0] = -1
+            meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
+            self.stall_ns["submit"] += sub_ns
+            self.stall_count["submit"] += 1
+        t_col[submit:] = kt
+        d_col[submit:] = kd
+        gr[submit:] = b.graph
+        nd[submit:] = b.node
+        ly[submit:] = klayers
+        meta[submit:] = kmeta
+        self.kernel_ns += span  # the shares add up to the span
+        self.kernel_count += m
+        self._last_kernel_end_ns = end_ns
+        return SegmentColumns(
+            t_ns=t_col,
+            dur_ns=d_col,
+            request=req,
+            token=tok,
+            graph=gr,
+            node=nd,
+            layer=ly,
+            meta=meta,
+            table=self._seg_table,
+        )
+
     def _graph_columns(
         self, g: _Graph, blocks: list[NodeBlock], end_ns: int
     ) -> SegmentColumns | None:
@@ -547,6 +627,8 @@ class Timeline:
             raise ValueError("a graph's node blocks come from different decoders")
         if len(blocks) == 1:
             b = blocks[0]
+            if not b.done.any():
+                return self._graph_columns_asks(g, b, end_ns)
             t_all, graph_all, node_all, done, code_all = b.t_ns, b.graph, b.node, b.done, b.code
         else:
             t_all = np.concatenate([b.t_ns for b in blocks])
