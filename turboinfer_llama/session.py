@@ -70,7 +70,9 @@ class PowerSession:
     request is in flight (or once more than ``WAKE_RECORDS`` records wait, to bound
     memory), and synchronously when something reads the timeline or the figures."""
 
-    SLICE_RECORDS = 128  # decoded between GIL hand-offs: about 0.5 ms of work
+    # the pure-Python hook's records, decoded between GIL hand-offs (about 0.5 ms of
+    # work); the native hook's are derived one drain at a time, as arrays
+    SLICE_RECORDS = 128
     WAKE_RECORDS = 262_144  # about 60 MB of raw records, ~320 gemma-3-270m decode steps
     # Simulated accounting (settling) starts once no request has run for this long: a
     # client's next request usually follows within a few ms, and settling must not
