@@ -63,6 +63,30 @@ def expand(items: Iterable[Derived]) -> list[Segment]:
     return out
 
 
+@dataclass
+class _Structure:
+    """What a graph's segments take from its records but their times (``Timeline.
+    _structure``): over its asks, in order, unless said."""
+
+    code: np.ndarray  # the records' (all of them) table codes, kinds, nodes: the key
+    done: np.ndarray
+    node: np.ndarray
+    a_idx: np.ndarray  # the asks among the records
+    na: np.ndarray  # their nodes
+    end_src: np.ndarray  # by run: the record whose time ends it (all but a trailing run)
+    trailing: bool  # the last run ends at DECODE_END
+    starts: np.ndarray  # by run: its first ask
+    run_of: np.ndarray
+    arange: np.ndarray
+    first: np.ndarray  # first / last of its run
+    last: np.ndarray
+    csum_lo: np.ndarray  # the run's weights accumulated before / through it
+    csum_hi: np.ndarray
+    total: np.ndarray  # its run's weights' sum
+    layers: np.ndarray
+    meta: np.ndarray  # the segment table's index for it as a kernel
+
+
 class _Window:
     """A FIFO of items where some entries are blocks of many (``NodeBlock``,
     ``SegmentColumns``), counted item by item: the timeline's retained window."""
@@ -206,6 +230,7 @@ class Timeline:
         self._kmaps: dict[tuple[int, str, bool], tuple[NodeTable, np.ndarray]] = {}
         # by phase: what a graph of asks only with these node-table codes (the same
         # array object while graphs have the same shape) shares its time by
+        self._struct_cache: dict[str, _Structure] = {}
         self._asks_cache: dict[
             str, tuple[np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]
         ] = {}
@@ -621,7 +646,9 @@ class Timeline:
         self, g: _Graph, blocks: list[NodeBlock], end_ns: int
     ) -> SegmentColumns | None:
         """``_graph_segments`` on node records given as arrays: the same segments, as
-        ``SegmentColumns``, accounted the same (kernel and stall totals)."""
+        ``SegmentColumns``, accounted the same (kernel and stall totals). What depends
+        only on the graph's nodes (runs, weights, table indices) is cached while graphs
+        keep their shape (``_structure``)."""
         table = blocks[0].table
         if any(b.table is not table for b in blocks):
             raise ValueError("a graph's node blocks come from different decoders")
@@ -636,74 +663,32 @@ class Timeline:
             node_all = np.concatenate([b.node for b in blocks])
             done = np.concatenate([b.done for b in blocks])
             code_all = np.concatenate([b.code for b in blocks])
-        a_idx = np.flatnonzero(~done)
-        m = len(a_idx)
-        if not m:
+        st = self._structure(table, g.phase, code_all, done, node_all)
+        if st is None:
             self._last_kernel_end_ns = end_ns
             return None
+        a_idx, starts, run_of = st.a_idx, st.starts, st.run_of
+        m = len(a_idx)
         ta = t_all[a_idx]
-        na = node_all[a_idx]
-        ca = code_all[a_idx]
-        d_idx = np.flatnonzero(done)
-        if len(d_idx):
-            # each node's last DONE record (a dict's last write wins)
-            dn = node_all[d_idx]
-            order = np.argsort(dn, kind="stable")
-            sdn, sdt = dn[order], t_all[d_idx][order]
-            last = np.ones(len(sdn), dtype=bool)
-            last[:-1] = sdn[1:] != sdn[:-1]
-            udn, udt = sdn[last], sdt[last]
-            pos = np.minimum(np.searchsorted(udn, na), len(udn) - 1)
-            has = udn[pos] == na
-            done_t = udt[pos]
-        else:
-            has = np.zeros(m, dtype=bool)
-            done_t = ta  # unused
-        # runs: each ends at an ask with a DONE record, the last one at DECODE_END
-        ends = np.flatnonzero(has)
-        trailing = not bool(has[-1])
-        starts = np.concatenate(([0], ends + 1))
-        run_end_t = done_t[ends]
-        if trailing:
+        run_end_t = t_all[st.end_src]
+        if st.trailing:
             run_end_t = np.append(run_end_t, end_ns)
-        else:
-            starts = starts[:-1]
-        n_runs = len(starts)
-        run_len = np.diff(np.append(starts, m))
         run_t0 = ta[starts]
-        inter = np.zeros(n_runs, dtype=bool)
+        # kernels: a run of one is timed, its whole span; a longer one shares its span
+        # by the cost model's weights, rounded cumulatively (``_run_kernels``)
+        span = np.maximum(run_end_t - run_t0, 0)
+        span_k = span[run_of]
+        cut_lo = np.where(st.first, 0, (span_k * st.csum_lo / st.total).astype(np.int64))
+        cut_hi = np.where(st.last, span_k, (span_k * st.csum_hi / st.total).astype(np.int64))
+        kt = run_t0[run_of] + cut_lo
+        kd = cut_hi - cut_lo
+        inter = np.zeros(len(starts), dtype=bool)
         inter[1:] = run_t0[1:] > run_end_t[:-1]
         submit = 1 if int(ta[0]) > g.begin_ns else 0
         cum_inter = np.cumsum(inter)
-        run_of = np.repeat(np.arange(n_runs), run_len)
-        kpos = np.arange(m) + submit + cum_inter[run_of]
-        # kernels: a run of one is timed, its whole span; a longer one shares its span
-        # by the cost model's weights, rounded cumulatively (``_run_kernels``)
-        kt = ta.copy()
-        kd = np.empty(m, dtype=np.int64)
-        timed = np.ones(m, dtype=bool)
-        single = run_len == 1
-        s1 = starts[single]
-        kd[s1] = np.maximum(run_end_t[single] - ta[s1], 0)
-        multi = np.flatnonzero(~single)
-        if len(multi):
-            weights = table.weights
-            for r in multi.tolist():
-                s = int(starts[r])
-                n = int(run_len[r])
-                t0 = int(run_t0[r])
-                span = max(int(run_end_t[r]) - t0, 0)
-                w = weights[ca[s : s + n]]
-                total = sum(w.tolist())
-                cut = np.empty(n + 1, dtype=np.int64)
-                cut[0] = 0
-                cut[n] = span
-                cut[1:n] = (span * np.cumsum(w[:-1]) / total).astype(np.int64)
-                kt[s : s + n] = t0 + cut[:-1]
-                kd[s : s + n] = np.diff(cut)
-                timed[s : s + n] = False
         n_inter = int(cum_inter[-1])
         rows = submit + m + n_inter
+        kpos = st.arange + submit + cum_inter[run_of] if n_inter else None
         t_col = np.empty(rows, dtype=np.int64)
         d_col = np.empty(rows, dtype=np.int64)
         req = np.full(rows, self._request, dtype=np.int64)  # stalls: the current ones
@@ -720,18 +705,15 @@ class Timeline:
             meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
             self.stall_ns["submit"] += sub_ns
             self.stall_count["submit"] += 1
-        t_col[kpos] = kt
-        d_col[kpos] = kd
-        req[kpos] = g.request
-        tok[kpos] = g.token
-        gr[kpos] = graph_all[a_idx]
-        nd[kpos] = na
-        ly[kpos] = table.layers[ca]
-        if timed.all():
-            meta[kpos] = self._meta_kernels(table, phase, True, ca)
-        else:
-            meta[kpos[timed]] = self._meta_kernels(table, phase, True, ca[timed])
-            meta[kpos[~timed]] = self._meta_kernels(table, phase, False, ca[~timed])
+        at: Any = kpos if kpos is not None else slice(submit, rows)
+        t_col[at] = kt
+        d_col[at] = kd
+        req[at] = g.request
+        tok[at] = g.token
+        gr[at] = graph_all[a_idx]
+        nd[at] = st.na
+        ly[at] = st.layers
+        meta[at] = st.meta
         self.kernel_ns += int(kd.sum())
         self.kernel_count += m
         if n_inter:
@@ -755,6 +737,99 @@ class Timeline:
             meta=meta,
             table=self._seg_table,
         )
+
+    def _structure(
+        self,
+        table: NodeTable,
+        phase: Phase,
+        code_all: np.ndarray,
+        done: np.ndarray,
+        node_all: np.ndarray,
+    ) -> _Structure | None:
+        """A graph's runs and weights, from its records' kinds, nodes and table codes
+        (no times); the last one is reused while they repeat. None without asks."""
+        c = self._struct_cache.get(phase)
+        if (
+            c is not None
+            and c.code is code_all
+            and np.array_equal(c.done, done)
+            and np.array_equal(c.node, node_all)
+        ):
+            return c
+        a_idx = np.flatnonzero(~done)
+        m = len(a_idx)
+        if not m:
+            return None
+        na = node_all[a_idx]
+        ca = code_all[a_idx]
+        d_idx = np.flatnonzero(done)
+        if len(d_idx):
+            # each node's last DONE record (a dict's last write wins)
+            dn = node_all[d_idx]
+            order = np.argsort(dn, kind="stable")
+            sdn, src = dn[order], d_idx[order]
+            last = np.ones(len(sdn), dtype=bool)
+            last[:-1] = sdn[1:] != sdn[:-1]
+            udn, usrc = sdn[last], src[last]
+            pos = np.minimum(np.searchsorted(udn, na), len(udn) - 1)
+            has = udn[pos] == na
+            done_src = usrc[pos]
+        else:
+            has = np.zeros(m, dtype=bool)
+            done_src = a_idx  # unused
+        # runs: each ends at an ask with a DONE record, the last one at DECODE_END
+        ends = np.flatnonzero(has)
+        trailing = not bool(has[-1])
+        starts = np.concatenate(([0], ends + 1))
+        if not trailing:
+            starts = starts[:-1]
+        run_len = np.diff(np.append(starts, m))
+        run_of = np.repeat(np.arange(len(starts)), run_len)
+        first = np.zeros(m, dtype=bool)
+        first[starts] = True
+        last_k = np.zeros(m, dtype=bool)
+        last_k[starts + run_len - 1] = True
+        # a run's weights, accumulated in order from its start, and their sum (as
+        # ``_run_kernels``: itertools.accumulate and sum over the run's list)
+        csum_lo = np.zeros(m, dtype=np.float64)
+        csum_hi = np.zeros(m, dtype=np.float64)
+        total = np.ones(m, dtype=np.float64)
+        timed = run_len[run_of] == 1
+        multi = np.flatnonzero(run_len > 1)
+        if len(multi):
+            weights = table.weights
+            for r in multi.tolist():
+                s = int(starts[r])
+                n = int(run_len[r])
+                w = weights[ca[s : s + n]]
+                acc = np.cumsum(w)
+                csum_hi[s : s + n] = acc
+                csum_lo[s + 1 : s + n] = acc[:-1]
+                total[s : s + n] = sum(w.tolist())
+        meta = np.empty(m, dtype=np.int32)
+        meta[timed] = self._meta_kernels(table, phase, True, ca[timed])
+        meta[~timed] = self._meta_kernels(table, phase, False, ca[~timed])
+        st = _Structure(
+            code=code_all,
+            done=done,
+            node=node_all,
+            a_idx=a_idx,
+            na=na,
+            end_src=done_src[ends],
+            trailing=trailing,
+            starts=starts,
+            run_of=run_of,
+            arange=np.arange(m),
+            first=first,
+            last=last_k,
+            csum_lo=csum_lo,
+            csum_hi=csum_hi,
+            total=total,
+            layers=table.layers[ca],
+            meta=meta,
+        )
+        self._struct_cache[phase] = st
+        return st
 
     def _graph_segments(self, g: _Graph, end_ns: int, nodes: list[Event]) -> list[Segment]:
         """Kernels and stalls of one llama_decode call, accounted (kernel and stall
