@@ -202,6 +202,24 @@ class SimulatedAccount(_EngineCalls):
             self._store.extend(segments)
             self.received += len(segments)
 
+    def add_derived(self, derived: list[Segment | SegmentColumns]) -> None:
+        """``add``, where a graph's segments may come as arrays (``SegmentColumns``)."""
+        with self._lock:
+            run: list[Segment] = []
+            for x in derived:
+                if isinstance(x, SegmentColumns):
+                    if run:
+                        self._store.extend(run)
+                        self.received += len(run)
+                        run = []
+                    self._store.extend_columns(x)
+                    self.received += len(x)
+                else:
+                    run.append(x)
+            if run:
+                self._store.extend(run)
+                self.received += len(run)
+
     def request_done(self) -> None:
         """Everything received belongs to finished requests: ready to settle."""
         with self._lock:

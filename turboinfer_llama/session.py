@@ -19,12 +19,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from ._clock import now_ns
 from .devices.base import GpuDevice
 from .engine.events import Event, EventKind
 from .engine.hooks import EvalHook
 from .engine.segments import Segment
-from .engine.timeline import Timeline
+from .engine.timeline import Derived, Timeline, expand
 from .live import RealDeviceControl, SettleAborted, SimulatedAccount
 from .settings import PowerSettings
 from .trace.perfetto import chrome_trace, write_chrome_trace
@@ -57,7 +59,7 @@ def _trim_heap() -> None:
         pass
 
 
-def _no_decoder(raw: Any) -> list[Event]:
+def _no_decoder(raw: Any) -> Any:
     raise RuntimeError("hook records arrived after the session closed")
 
 
@@ -68,7 +70,9 @@ class PowerSession:
     request is in flight (or once more than ``WAKE_RECORDS`` records wait, to bound
     memory), and synchronously when something reads the timeline or the figures."""
 
-    SLICE_RECORDS = 128  # decoded between GIL hand-offs: about 0.5 ms of work
+    # the pure-Python hook's records, decoded between GIL hand-offs (about 0.5 ms of
+    # work); the native hook's are derived one drain at a time, as arrays
+    SLICE_RECORDS = 128
     WAKE_RECORDS = 262_144  # about 60 MB of raw records, ~320 gemma-3-270m decode steps
     # Simulated accounting (settling) starts once no request has run for this long: a
     # client's next request usually follows within a few ms, and settling must not
@@ -104,6 +108,8 @@ class PowerSession:
         self._last_yield_ns = 0
         self._hook: EvalHook | None = hook
         self._decode_raw = hook.decode_raw
+        # records as arrays (engine.blocks), where the hook can: no object per record
+        self._decode_block: Callable[[Any], Any] | None = getattr(hook, "decode_block", None)
         self._pending: list[Any] = []
         self._pending_records = 0
         self._swap_lock = threading.Lock()  # guards _pending/_pending_records (brief)
@@ -115,6 +121,8 @@ class PowerSession:
         self._held_lock = threading.Lock()
         self._tokens = 0
         self._sinks: list[SegmentSink] = []
+        # sinks taking segments as derived: objects, or a graph's as arrays
+        self._derived_sinks: list[Callable[[list[Derived]], None]] = []
         self._closed = False
         self._decode_begin = (0, 1)
         # the live loop (engine-side calls): the real-device governor, or the
@@ -124,7 +132,7 @@ class PowerSession:
             live.bind_hook(hook)
         self.offload: dict[str, Any] | None = None  # set by Llama: where the layers run
         if isinstance(live, SimulatedAccount):
-            self._sinks.append(live.add)
+            self._derived_sinks.append(live.add_derived)
         self._wake = threading.Event()
         # the timeline's figures as of the last derivation or settle: what stats(settle=
         # False) reads, with no lock a worker holds (a settle's eviction can hold the
@@ -391,13 +399,20 @@ class PowerSession:
                 self._requeue(items[n:])
                 return
             if isinstance(item, Event):
-                self._publish(tl.append(item))
+                self._publish(tl.extend_lazy((item,)))
                 if account is not None and item.kind is EventKind.REQUEST_END:
                     account.request_done()
                 continue
             backlog -= len(item)
+            decode_block = self._decode_block
+            if decode_block is not None and isinstance(item, np.ndarray):
+                # one drain (a graph's records) as arrays: its segments come at its
+                # DECODE_END, as arrays too
+                tl.extend_block(decode_block(item))
+                time.sleep(0)  # let the decode thread take the GIL
+                continue
             for i in range(0, len(item), self.SLICE_RECORDS):
-                self._publish(tl.extend(self._decode_raw(item[i : i + self.SLICE_RECORDS])))
+                self._publish(tl.extend_lazy(self._decode_raw(item[i : i + self.SLICE_RECORDS])))
                 time.sleep(0)  # let the decode thread take the GIL between slices
 
     def _requeue(self, items: list[Any]) -> None:
@@ -407,10 +422,14 @@ class PowerSession:
             self._pending = items + self._pending
             self._pending_records += n_records
 
-    def _publish(self, segments: list[Segment]) -> None:
-        if segments:
-            for sink in self._sinks:
-                sink(segments)
+    def _publish(self, derived: list[Derived]) -> None:
+        if derived:
+            for lazy in self._derived_sinks:
+                lazy(derived)
+            if self._sinks:
+                segments = expand(derived)
+                for sink in self._sinks:
+                    sink(segments)
 
     # -- reporting -------------------------------------------------------------
     @property
@@ -570,6 +589,8 @@ class PowerSession:
         finally:
             hook, self._hook = self._hook, None
             self._decode_raw = _no_decoder
+            if self._decode_block is not None:
+                self._decode_block = _no_decoder
             if hook is not None:
                 hook.disable()
                 hook.close()

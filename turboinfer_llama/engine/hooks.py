@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from .._clock import now_ns
+from .blocks import BlockDecoder, NodeBlock
 from .events import Event, EventKind, NodeShape, layer_of
 from .ggml_mirror import GgmlApi, TensorLayout, TensorPrefix, load_ggml, tensor_layout
 
@@ -250,6 +251,16 @@ def records_scan(
     return own, same, rec["t_ns"].astype(np.int64)
 
 
+def _shape_keys(chunk: np.ndarray) -> list[bytes]:
+    """Each record's shape fields, packed: its shape's cache key (``NativeHook``).
+    ("S" drops trailing NULs; equal-length keys stay distinct.)"""
+    packed = np.empty(len(chunk), dtype=_SHAPE_DTYPE)
+    for f in _SHAPE_FIELDS:
+        packed[f] = chunk[f]
+    keys: list[bytes] = packed.view(f"S{_SHAPE_DTYPE.itemsize}").tolist()
+    return keys
+
+
 def _eval_callback_type() -> Any:
     import llama_cpp
 
@@ -367,6 +378,10 @@ class NativeHook:
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._buf_addr = self._buf.ctypes.data
         self._decoder = _Decoder(self._shape_from_key)
+        dec = self._decoder
+        self._blocks = BlockDecoder(
+            dec._names, dec._ops, dec._shapes, self._shape_from_key, records_same_shape, _shape_keys
+        )
         self._executor: NativeExecutor | None = None
         self.user_data: ctypes.c_void_p | None = ctypes.c_void_p(handle.value)
         self.cb_eval = _eval_callback_type()(ctypes.cast(lib.ti_hook_eval, ctypes.c_void_p).value)
@@ -407,14 +422,16 @@ class NativeHook:
         self._decode(raw, out)
         return out
 
+    def decode_block(self, raw: np.ndarray) -> NodeBlock:
+        """``decode_raw`` as arrays (engine.blocks): the same events, built only when
+        read (``NodeBlock.events``)."""
+        return self._blocks.decode(raw)
+
     def _decode(self, chunk: np.ndarray, out: list[Event]) -> None:
         if not len(chunk):
             return
         # A record's shape fields, packed, are its shape's cache key: shapes repeat
-        # every token. ("S" drops trailing NULs; equal-length keys stay distinct.)
-        packed = np.empty(len(chunk), dtype=_SHAPE_DTYPE)
-        for f in _SHAPE_FIELDS:
-            packed[f] = chunk[f]
+        # every token.
         rows = zip(
             chunk["t_ns"].tolist(),
             chunk["graph"].tolist(),
@@ -422,7 +439,7 @@ class NativeHook:
             chunk["phase"].tolist(),
             chunk["op"].tolist(),
             chunk["name"].tolist(),
-            packed.view(f"S{_SHAPE_DTYPE.itemsize}").tolist(),
+            _shape_keys(chunk),
             strict=True,
         )
         self._decoder.decode(rows, out)

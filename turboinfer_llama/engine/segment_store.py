@@ -56,13 +56,13 @@ class SegmentColumns:
         )
         return by_entry[self.meta]
 
-    def segments(self) -> list[Segment]:
-        """The rows as ``Segment`` objects."""
+    def segments(self, lo: int = 0) -> list[Segment]:
+        """The rows (from ``lo``) as ``Segment`` objects."""
         table = self.table
-        cols = [getattr(self, f).tolist() for f in INT_FIELDS]
+        cols = [getattr(self, f)[lo:].tolist() for f in INT_FIELDS]
         out: list[Segment] = []
         append = out.append
-        for t, d, req, tok, g, node, layer, m in zip(*cols, self.meta.tolist(), strict=True):
+        for t, d, req, tok, g, node, layer, m in zip(*cols, self.meta[lo:].tolist(), strict=True):
             kind, phase, stall, op, name, shape, timed = table[m]
             append(
                 Segment(kind, t, d, phase, stall, req, tok, g, node, layer, op, name, shape, timed)
@@ -88,6 +88,8 @@ class SegmentStore:
         # the key holds id(shape): the table keeps each shape alive while it is a key
         self._table: list[tuple[Any, ...]] = []
         self._codes: dict[tuple[Any, ...], int] = {}
+        # a source table's index -> ours (``extend_columns``), by id(source table)
+        self._xlat: dict[int, tuple[list[tuple[Any, ...]], np.ndarray]] = {}
 
     def __len__(self) -> int:
         return self._end - self._start
@@ -140,6 +142,9 @@ class SegmentStore:
             if col.dtype.kind not in "ib":  # stored as int64: never round a number
                 raise TypeError(f"segment field {name} must be integers, not {col.dtype}")
         cols["meta"] = np.asarray(meta, dtype=np.int32)
+        self._write(cols, n)
+
+    def _write(self, cols: dict[str, np.ndarray], n: int) -> None:
         done = 0
         while done < n:
             at = self._end - self._base  # row in the blocks' concatenation
@@ -152,6 +157,38 @@ class SegmentStore:
                 blk[name][r : r + k] = col[done : done + k]
             done += k
             self._end += k
+
+    def extend_columns(self, cols: SegmentColumns) -> None:
+        """``extend(cols.segments())`` without the objects: the same rows and table."""
+        n = len(cols)
+        if not n:
+            return
+        src = cols.table
+        xlat = self._xlat.get(id(src))
+        if xlat is None or xlat[0] is not src:
+            xlat = self._xlat[id(src)] = (src, np.full(0, -1, dtype=np.int32))
+        arr = xlat[1]
+        if len(arr) < len(src):
+            arr = np.concatenate((arr, np.full(len(src) - len(arr), -1, dtype=np.int32)))
+            self._xlat[id(src)] = (src, arr)
+        meta = cols.meta
+        new = arr[meta] < 0
+        if new.any():
+            # new combinations enter the table in the order of their first row, as in
+            # ``extend``
+            uniq, first = np.unique(meta[new], return_index=True)
+            codes, table = self._codes, self._table
+            for m in uniq[np.argsort(first, kind="stable")].tolist():
+                kind, phase, stall, op, name, shape, timed = src[m]
+                key = (kind, phase, stall, op, name, id(shape), timed)
+                c = codes.get(key)
+                if c is None:
+                    c = codes[key] = len(table)
+                    table.append((kind, phase, stall, op, name, shape, timed))
+                arr[m] = c
+        out = {f: getattr(cols, f) for f in INT_FIELDS}
+        out["meta"] = arr[meta]
+        self._write(out, n)
 
     # -- reading -----------------------------------------------------------------
     def _slices(self, lo: int, hi: int) -> list[np.ndarray]:
@@ -215,6 +252,7 @@ class SegmentStore:
             self._base = self._start = self._end
             self._table = []  # new lists: columns handed out keep the old table
             self._codes = {}
+            self._xlat = {}
 
 
 def is_idle_stall(kind: str, phase: str, stall: StallKind | None, *_: Any) -> bool:

@@ -16,7 +16,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from .blocks import NodeBlock, NodeTable
 from .events import Event, EventKind, NodeShape, StallKind
+from .segment_store import SegmentColumns
 from .segments import Phase, Segment
 
 # Reference machine for sharing an untimed graph's compute time among its kernels:
@@ -42,7 +46,141 @@ class _Graph:
     phase: Phase
     request: int
     token: int
-    nodes: list[Event] = field(default_factory=list)
+    nodes: list[Event | NodeBlock] = field(default_factory=list)
+
+
+Derived = Segment | SegmentColumns  # one segment, or one graph's as arrays
+
+
+def expand(items: Iterable[Derived]) -> list[Segment]:
+    """``items`` as ``Segment`` objects, in order."""
+    out: list[Segment] = []
+    for x in items:
+        if isinstance(x, SegmentColumns):
+            out.extend(x.segments())
+        else:
+            out.append(x)
+    return out
+
+
+@dataclass
+class _Structure:
+    """What a graph's segments take from its records but their times (``Timeline.
+    _structure``): over its asks, in order, unless said."""
+
+    code: np.ndarray  # the records' (all of them) table codes, kinds, nodes: the key
+    done: np.ndarray
+    node: np.ndarray
+    a_idx: np.ndarray  # the asks among the records
+    na: np.ndarray  # their nodes
+    end_src: np.ndarray  # by run: the record whose time ends it (all but a trailing run)
+    trailing: bool  # the last run ends at DECODE_END
+    starts: np.ndarray  # by run: its first ask
+    run_of: np.ndarray
+    arange: np.ndarray
+    first: np.ndarray  # first / last of its run
+    last: np.ndarray
+    csum_lo: np.ndarray  # the run's weights accumulated before / through it
+    csum_hi: np.ndarray
+    total: np.ndarray  # its run's weights' sum
+    layers: np.ndarray
+    meta: np.ndarray  # the segment table's index for it as a kernel
+
+
+class _Window:
+    """A FIFO of items where some entries are blocks of many (``NodeBlock``,
+    ``SegmentColumns``), counted item by item: the timeline's retained window."""
+
+    def __init__(self, end_of_segment: bool) -> None:
+        self._q: deque[Any] = deque()
+        self._n = 0
+        self._off = 0  # items of the first entry already dropped
+        self._seg = end_of_segment  # eviction by t_ns + dur_ns (segments), else t_ns
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def append(self, item: Any) -> None:
+        self._q.append(item)
+        self._n += 1
+
+    def add_block(self, block: NodeBlock | SegmentColumns) -> None:
+        if len(block):
+            self._q.append(block)
+            self._n += len(block)
+
+    def extend(self, items: Iterable[Any]) -> None:
+        for x in items:
+            if isinstance(x, (NodeBlock, SegmentColumns)):
+                self.add_block(x)
+            else:
+                self.append(x)
+
+    def last_t_ns(self) -> int:
+        last = self._q[-1]
+        return int(last.t_ns[-1]) if isinstance(last, NodeBlock) else int(last.t_ns)
+
+    def items(self) -> list[Any]:
+        out: list[Any] = []
+        off = self._off
+        for x in self._q:
+            if isinstance(x, NodeBlock):
+                out.extend(x.events(off))
+            elif isinstance(x, SegmentColumns):
+                out.extend(x.segments(off))
+            else:
+                out.append(x)
+            off = 0
+        return out
+
+    def _key(self, x: Any) -> int:
+        return int(x.t_ns + x.dur_ns) if self._seg else int(x.t_ns)
+
+    def _keys(self, b: NodeBlock | SegmentColumns) -> np.ndarray:
+        if isinstance(b, SegmentColumns):
+            return b.t_ns + b.dur_ns
+        return b.t_ns
+
+    def evict(self, cap: int | None, oldest: int | None, limit: int) -> int:
+        """Drop from the front while more than ``cap`` items are held or the front one
+        is older than ``oldest`` (its t_ns, or a segment's end), at most ``limit``
+        items; returns how many were dropped."""
+        q = self._q
+        popped = 0
+        while q and popped < limit:
+            head = q[0]
+            if not isinstance(head, (NodeBlock, SegmentColumns)):
+                if (cap is not None and self._n > cap) or (
+                    oldest is not None and self._key(head) < oldest
+                ):
+                    q.popleft()
+                    self._n -= 1
+                    popped += 1
+                    continue
+                break
+            off = self._off
+            rem = len(head) - off
+            kc = max(0, self._n - cap) if cap is not None else 0  # to drop for the cap
+            if kc >= rem:
+                j = rem
+            elif oldest is None:
+                j = kc
+            else:
+                keep = np.flatnonzero(self._keys(head)[off + kc :] >= oldest)
+                j = kc + int(keep[0]) if len(keep) else rem
+            j = min(j, limit - popped)
+            self._n -= j
+            popped += j
+            if j >= rem:
+                q.popleft()
+                self._off = 0
+                continue
+            self._off += j
+            break
+        return popped
 
 
 class Timeline:
@@ -83,8 +221,19 @@ class Timeline:
         # the per-event derivation (``_extend_reference``) instead of the per-graph one:
         # the same segments and totals, slower (kept for the tests)
         self.reference = reference
-        self._events: deque[Event] = deque()
-        self._segments: deque[Segment] = deque()
+        self._events = _Window(end_of_segment=False)
+        self._segments = _Window(end_of_segment=True)
+        # graph segments as arrays (``extend_block``): their (kind, phase, stall, op,
+        # name, shape, timed) by index, and each node table's index -> ours
+        self._seg_table: list[tuple[Any, ...]] = []
+        self._stall_meta: dict[tuple[StallKind, str], int] = {}
+        self._kmaps: dict[tuple[int, str, bool], tuple[NodeTable, np.ndarray]] = {}
+        # by phase: what a graph of asks only with these node-table codes (the same
+        # array object while graphs have the same shape) shares its time by
+        self._struct_cache: dict[str, _Structure] = {}
+        self._asks_cache: dict[
+            str, tuple[np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]
+        ] = {}
         self.dropped = 0
         self.segments_dropped = 0
         self.total_events = 0
@@ -127,8 +276,13 @@ class Timeline:
         """Add events in order; returns the segments they completed."""
         if self.reference:
             return self._extend_reference(events)
+        return expand(self.extend_lazy(events))
+
+    def extend_lazy(self, events: Iterable[Event]) -> list[Derived]:
+        """``extend``, a graph whose node records came as blocks (``extend_block``)
+        giving its segments as one ``SegmentColumns``."""
         evs = events if isinstance(events, (list, tuple)) else list(events)
-        out: list[Segment] = []
+        out: list[Derived] = []
         ask_k, done_k = EventKind.NODE_ASK, EventKind.NODE_DONE
         with self._lock:
             store, counts, derive = self._events, self.counts, self._derive
@@ -166,9 +320,36 @@ class Timeline:
                 counts["node_done"] += dones
             self._segments.extend(out)
             self.total_events += len(evs)
-            self.total_segments += len(out)
+            self.total_segments += sum(len(x) if isinstance(x, SegmentColumns) else 1 for x in out)
             self._evict()
         return out
+
+    def extend_block(self, block: NodeBlock) -> None:
+        """Add node records given as arrays (``NodeBlock``): as ``extend`` with their
+        events (``block.events()``) would, without building them. They complete no
+        segment (a graph's segments come with its DECODE_END)."""
+        n = len(block)
+        if not n:
+            return
+        with self._lock:
+            counts = self.counts
+            done = block.done
+            n_done = int(np.count_nonzero(done))
+            n_ask = n - n_done
+            # keys enter ``counts`` in the order of their kinds' first records
+            first_done = bool(done[0])
+            for key, k in (
+                (("node_done", n_done), ("node_ask", n_ask))
+                if first_done
+                else (("node_ask", n_ask), ("node_done", n_done))
+            ):
+                if k:
+                    counts[key] += k
+            self._events.add_block(block)
+            if self._graph is not None:
+                self._graph.nodes.append(block)
+            self.total_events += n
+            self._evict()
 
     def _extend_reference(self, events: Iterable[Event]) -> list[Segment]:
         """``extend`` event by event, each segment accounted as it is derived."""
@@ -210,38 +391,26 @@ class Timeline:
         store, cap, window = self._events, self.max_events, self.window_ns
         if not store:
             return
-        oldest_kept = store[-1].t_ns - window if window is not None else None
-        while store and (
-            (cap is not None and len(store) > cap)
-            or (oldest_kept is not None and store[0].t_ns < oldest_kept)
-        ):
-            store.popleft()
-            self.dropped += 1
+        oldest_kept = store.last_t_ns() - window if window is not None else None
+        if cap is None and oldest_kept is None:
+            return
+        self.dropped += store.evict(cap, oldest_kept, len(store))
         segs = self._segments
         first = self.total_segments - len(segs)  # index of segs[0] among all segments
         settled = self._settled if self.hold_unsettled else self.total_segments
-        while (
-            segs
-            and first < settled
-            and (
-                (cap is not None and len(segs) > cap)
-                or (oldest_kept is not None and segs[0].t_ns + segs[0].dur_ns < oldest_kept)
-            )
-        ):
-            segs.popleft()
-            first += 1
-            self.segments_dropped += 1
+        if segs and first < settled:
+            self.segments_dropped += segs.evict(cap, oldest_kept, settled - first)
 
     # -- reading ---------------------------------------------------------------
     def events(self) -> list[Event]:
         """The retained window of events, oldest first."""
         with self._lock:
-            return list(self._events)
+            return self._events.items()
 
     def segments(self) -> list[Segment]:
         """The retained window of segments, oldest first."""
         with self._lock:
-            return list(self._segments)
+            return self._segments.items()
 
     def window(self) -> dict[str, int | bool | None]:
         """What the retained window holds and how much has left it."""
@@ -346,19 +515,327 @@ class Timeline:
             if self._graph is not None:
                 self._graph.nodes.append(ev)
         elif k is EventKind.DECODE_END and self._graph is not None:
-            if reference:
-                out.extend(self._graph_segments_reference(self._graph, ev.t_ns))
-            else:
-                out.extend(self._graph_segments(self._graph, ev.t_ns))
+            g = self._graph
             self._graph = None
+            blocks = [x for x in g.nodes if isinstance(x, NodeBlock)]
+            if blocks and len(blocks) == len(g.nodes) and not reference:
+                cols = self._graph_columns(g, blocks, ev.t_ns)
+                if cols is not None:
+                    out.append(cols)  # type: ignore[arg-type]
+                return out
+            # mixed with events (or the reference): blocks as events
+            nodes = [e for x in g.nodes for e in self._as_events(x)] if blocks else g.nodes
+            if reference:
+                out.extend(self._graph_segments_reference(g, ev.t_ns, nodes))  # type: ignore[arg-type]
+            else:
+                out.extend(self._graph_segments(g, ev.t_ns, nodes))  # type: ignore[arg-type]
         return out
 
-    def _graph_segments(self, g: _Graph, end_ns: int) -> list[Segment]:
+    @staticmethod
+    def _as_events(x: Event | NodeBlock) -> list[Event]:
+        return x.events() if isinstance(x, NodeBlock) else [x]
+
+    def _meta_stall(self, kind: StallKind, phase: Phase) -> int:
+        key = (kind, phase)
+        c = self._stall_meta.get(key)
+        if c is None:
+            c = self._stall_meta[key] = len(self._seg_table)
+            self._seg_table.append(("stall", phase, kind, "", "", None, True))
+        return c
+
+    def _meta_kernels(
+        self, table: NodeTable, phase: Phase, timed: bool, codes: np.ndarray
+    ) -> np.ndarray:
+        """The segment table's index for kernels of these node-table entries."""
+        key = (id(table), phase, timed)
+        ent = self._kmaps.get(key)
+        if ent is None or ent[0] is not table:
+            ent = (table, np.full(0, -1, dtype=np.int32))
+        arr = ent[1]
+        if len(arr) < len(table):
+            arr = np.concatenate((arr, np.full(len(table) - len(arr), -1, dtype=np.int32)))
+        self._kmaps[key] = (table, arr)
+        got = arr[codes]
+        missing = got < 0
+        if missing.any():
+            seg = self._seg_table
+            for c in np.unique(codes[missing]).tolist():
+                arr[c] = len(seg)
+                seg.append(
+                    ("kernel", phase, None, table.op[c], table.name[c], table.shape[c], timed)
+                )
+            got = arr[codes]
+        return got
+
+    def _graph_columns_asks(self, g: _Graph, b: NodeBlock, end_ns: int) -> SegmentColumns:
+        """``_graph_columns`` for one block of asks only (``graph`` granularity): one
+        run of every node, to DECODE_END; its weights' shares cached while the graphs
+        keep their shape."""
+        table = b.table
+        m = len(b)
+        t = b.t_ns
+        t0 = int(t[0])
+        submit = 1 if t0 > g.begin_ns else 0
+        rows = submit + m
+        span = max(end_ns - t0, 0)
+        phase = g.phase
+        if m == 1:
+            kt: np.ndarray = t
+            kd = np.full(1, span, dtype=np.int64)
+            kmeta = self._meta_kernels(table, phase, True, b.code)
+            klayers = table.layers[b.code]
+        else:
+            cached = self._asks_cache.get(phase)
+            if cached is None or cached[0] is not b.code:
+                w = table.weights[b.code]
+                cached = (
+                    b.code,
+                    np.cumsum(w[:-1]),
+                    sum(w.tolist()),  # as ``_run_kernels`` sums them
+                    self._meta_kernels(table, phase, False, b.code),
+                    table.layers[b.code],
+                )
+                self._asks_cache[phase] = cached
+            _, csum, total, kmeta, klayers = cached
+            cut = np.empty(m + 1, dtype=np.int64)
+            cut[0] = 0
+            cut[m] = span
+            cut[1:m] = (span * csum / total).astype(np.int64)
+            kt = t0 + cut[:-1]
+            kd = np.diff(cut)
+        t_col = np.empty(rows, dtype=np.int64)
+        d_col = np.empty(rows, dtype=np.int64)
+        req = np.full(rows, g.request, dtype=np.int64)
+        tok = np.full(rows, g.token, dtype=np.int64)
+        gr = np.empty(rows, dtype=np.int64)
+        nd = np.empty(rows, dtype=np.int64)
+        ly = np.empty(rows, dtype=np.int64)
+        meta = np.empty(rows, dtype=np.int32)
+        if submit:
+            sub_ns = t0 - g.begin_ns
+            t_col[0] = g.begin_ns
+            d_col[0] = sub_ns
+            req[0] = self._request  # a stall carries the current ones
+            tok[0] = self._token
+            gr[0] = nd[0] = ly[0] = -1
+            meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
+            self.stall_ns["submit"] += sub_ns
+            self.stall_count["submit"] += 1
+        t_col[submit:] = kt
+        d_col[submit:] = kd
+        gr[submit:] = b.graph
+        nd[submit:] = b.node
+        ly[submit:] = klayers
+        meta[submit:] = kmeta
+        self.kernel_ns += span  # the shares add up to the span
+        self.kernel_count += m
+        self._last_kernel_end_ns = end_ns
+        return SegmentColumns(
+            t_ns=t_col,
+            dur_ns=d_col,
+            request=req,
+            token=tok,
+            graph=gr,
+            node=nd,
+            layer=ly,
+            meta=meta,
+            table=self._seg_table,
+        )
+
+    def _graph_columns(
+        self, g: _Graph, blocks: list[NodeBlock], end_ns: int
+    ) -> SegmentColumns | None:
+        """``_graph_segments`` on node records given as arrays: the same segments, as
+        ``SegmentColumns``, accounted the same (kernel and stall totals). What depends
+        only on the graph's nodes (runs, weights, table indices) is cached while graphs
+        keep their shape (``_structure``)."""
+        table = blocks[0].table
+        if any(b.table is not table for b in blocks):
+            raise ValueError("a graph's node blocks come from different decoders")
+        if len(blocks) == 1:
+            b = blocks[0]
+            if not b.done.any():
+                return self._graph_columns_asks(g, b, end_ns)
+            t_all, graph_all, node_all, done, code_all = b.t_ns, b.graph, b.node, b.done, b.code
+        else:
+            t_all = np.concatenate([b.t_ns for b in blocks])
+            graph_all = np.concatenate([b.graph for b in blocks])
+            node_all = np.concatenate([b.node for b in blocks])
+            done = np.concatenate([b.done for b in blocks])
+            code_all = np.concatenate([b.code for b in blocks])
+        st = self._structure(table, g.phase, code_all, done, node_all)
+        if st is None:
+            self._last_kernel_end_ns = end_ns
+            return None
+        a_idx, starts, run_of = st.a_idx, st.starts, st.run_of
+        m = len(a_idx)
+        ta = t_all[a_idx]
+        run_end_t = t_all[st.end_src]
+        if st.trailing:
+            run_end_t = np.append(run_end_t, end_ns)
+        run_t0 = ta[starts]
+        # kernels: a run of one is timed, its whole span; a longer one shares its span
+        # by the cost model's weights, rounded cumulatively (``_run_kernels``)
+        span = np.maximum(run_end_t - run_t0, 0)
+        span_k = span[run_of]
+        cut_lo = np.where(st.first, 0, (span_k * st.csum_lo / st.total).astype(np.int64))
+        cut_hi = np.where(st.last, span_k, (span_k * st.csum_hi / st.total).astype(np.int64))
+        kt = run_t0[run_of] + cut_lo
+        kd = cut_hi - cut_lo
+        inter = np.zeros(len(starts), dtype=bool)
+        inter[1:] = run_t0[1:] > run_end_t[:-1]
+        submit = 1 if int(ta[0]) > g.begin_ns else 0
+        cum_inter = np.cumsum(inter)
+        n_inter = int(cum_inter[-1])
+        rows = submit + m + n_inter
+        kpos = st.arange + submit + cum_inter[run_of] if n_inter else None
+        t_col = np.empty(rows, dtype=np.int64)
+        d_col = np.empty(rows, dtype=np.int64)
+        req = np.full(rows, self._request, dtype=np.int64)  # stalls: the current ones
+        tok = np.full(rows, self._token, dtype=np.int64)
+        gr = np.full(rows, -1, dtype=np.int64)
+        nd = np.full(rows, -1, dtype=np.int64)
+        ly = np.full(rows, -1, dtype=np.int64)
+        meta = np.empty(rows, dtype=np.int32)
+        phase = g.phase
+        if submit:
+            sub_ns = int(ta[0]) - g.begin_ns
+            t_col[0] = g.begin_ns
+            d_col[0] = sub_ns
+            meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
+            self.stall_ns["submit"] += sub_ns
+            self.stall_count["submit"] += 1
+        at: Any = kpos if kpos is not None else slice(submit, rows)
+        t_col[at] = kt
+        d_col[at] = kd
+        req[at] = g.request
+        tok[at] = g.token
+        gr[at] = graph_all[a_idx]
+        nd[at] = st.na
+        ly[at] = st.layers
+        meta[at] = st.meta
+        self.kernel_ns += int(kd.sum())
+        self.kernel_count += m
+        if n_inter:
+            ipos = (starts + submit + cum_inter - 1)[inter]
+            prev = run_end_t[:-1][inter[1:]]
+            gap = run_t0[inter] - prev
+            t_col[ipos] = prev
+            d_col[ipos] = gap
+            meta[ipos] = self._meta_stall(StallKind.INTER_KERNEL, phase)
+            self.stall_ns["inter_kernel"] += int(gap.sum())
+            self.stall_count["inter_kernel"] += n_inter
+        self._last_kernel_end_ns = int(run_end_t[-1])
+        return SegmentColumns(
+            t_ns=t_col,
+            dur_ns=d_col,
+            request=req,
+            token=tok,
+            graph=gr,
+            node=nd,
+            layer=ly,
+            meta=meta,
+            table=self._seg_table,
+        )
+
+    def _structure(
+        self,
+        table: NodeTable,
+        phase: Phase,
+        code_all: np.ndarray,
+        done: np.ndarray,
+        node_all: np.ndarray,
+    ) -> _Structure | None:
+        """A graph's runs and weights, from its records' kinds, nodes and table codes
+        (no times); the last one is reused while they repeat. None without asks."""
+        c = self._struct_cache.get(phase)
+        if (
+            c is not None
+            and c.code is code_all
+            and np.array_equal(c.done, done)
+            and np.array_equal(c.node, node_all)
+        ):
+            return c
+        a_idx = np.flatnonzero(~done)
+        m = len(a_idx)
+        if not m:
+            return None
+        na = node_all[a_idx]
+        ca = code_all[a_idx]
+        d_idx = np.flatnonzero(done)
+        if len(d_idx):
+            # each node's last DONE record (a dict's last write wins)
+            dn = node_all[d_idx]
+            order = np.argsort(dn, kind="stable")
+            sdn, src = dn[order], d_idx[order]
+            last = np.ones(len(sdn), dtype=bool)
+            last[:-1] = sdn[1:] != sdn[:-1]
+            udn, usrc = sdn[last], src[last]
+            pos = np.minimum(np.searchsorted(udn, na), len(udn) - 1)
+            has = udn[pos] == na
+            done_src = usrc[pos]
+        else:
+            has = np.zeros(m, dtype=bool)
+            done_src = a_idx  # unused
+        # runs: each ends at an ask with a DONE record, the last one at DECODE_END
+        ends = np.flatnonzero(has)
+        trailing = not bool(has[-1])
+        starts = np.concatenate(([0], ends + 1))
+        if not trailing:
+            starts = starts[:-1]
+        run_len = np.diff(np.append(starts, m))
+        run_of = np.repeat(np.arange(len(starts)), run_len)
+        first = np.zeros(m, dtype=bool)
+        first[starts] = True
+        last_k = np.zeros(m, dtype=bool)
+        last_k[starts + run_len - 1] = True
+        # a run's weights, accumulated in order from its start, and their sum (as
+        # ``_run_kernels``: itertools.accumulate and sum over the run's list)
+        csum_lo = np.zeros(m, dtype=np.float64)
+        csum_hi = np.zeros(m, dtype=np.float64)
+        total = np.ones(m, dtype=np.float64)
+        timed = run_len[run_of] == 1
+        multi = np.flatnonzero(run_len > 1)
+        if len(multi):
+            weights = table.weights
+            for r in multi.tolist():
+                s = int(starts[r])
+                n = int(run_len[r])
+                w = weights[ca[s : s + n]]
+                acc = np.cumsum(w)
+                csum_hi[s : s + n] = acc
+                csum_lo[s + 1 : s + n] = acc[:-1]
+                total[s : s + n] = sum(w.tolist())
+        meta = np.empty(m, dtype=np.int32)
+        meta[timed] = self._meta_kernels(table, phase, True, ca[timed])
+        meta[~timed] = self._meta_kernels(table, phase, False, ca[~timed])
+        st = _Structure(
+            code=code_all,
+            done=done,
+            node=node_all,
+            a_idx=a_idx,
+            na=na,
+            end_src=done_src[ends],
+            trailing=trailing,
+            starts=starts,
+            run_of=run_of,
+            arange=np.arange(m),
+            first=first,
+            last=last_k,
+            csum_lo=csum_lo,
+            csum_hi=csum_hi,
+            total=total,
+            layers=table.layers[ca],
+            meta=meta,
+        )
+        self._struct_cache[phase] = st
+        return st
+
+    def _graph_segments(self, g: _Graph, end_ns: int, nodes: list[Event]) -> list[Segment]:
         """Kernels and stalls of one llama_decode call, accounted (kernel and stall
         totals): ``_graph_segments_reference`` in one pass, the common run of a single
         kernel (every node at ``kernel`` granularity) without a call."""
         ask_k, done_k = EventKind.NODE_ASK, EventKind.NODE_DONE
-        nodes = g.nodes
         asks = [e for e in nodes if e.kind is ask_k]
         if not asks:
             self._last_kernel_end_ns = end_ns
@@ -439,13 +916,15 @@ class Timeline:
             self.stall_count["inter_kernel"] += i_n
         return out
 
-    def _graph_segments_reference(self, g: _Graph, end_ns: int) -> list[Segment]:
+    def _graph_segments_reference(
+        self, g: _Graph, end_ns: int, nodes: list[Event]
+    ) -> list[Segment]:
         """Kernels and stalls of one llama_decode call."""
-        asks = [e for e in g.nodes if e.kind is EventKind.NODE_ASK]
+        asks = [e for e in nodes if e.kind is EventKind.NODE_ASK]
         if not asks:
             self._last_kernel_end_ns = end_ns
             return []
-        done_at = {e.node: e.t_ns for e in g.nodes if e.kind is EventKind.NODE_DONE}
+        done_at = {e.node: e.t_ns for e in nodes if e.kind is EventKind.NODE_DONE}
         out: list[Segment] = []
         s = self._stall(StallKind.SUBMIT, g.begin_ns, asks[0].t_ns, g.phase)
         if s:
