@@ -47,8 +47,15 @@ level where the DDR vote drops, and never reached 305 MHz.) The slack a plan may
 spend is what has been earned plus the next graph's own, never the horizon's later
 graphs' (a run can end after any graph).
 
-The plan for the next graph (``_plan_next``), solved at the end of a graph, i.e. at
-the start of the sampling stall:
+The plan for a later graph (``_plan_next``), solved from a graph's records: by default
+while the engine computes the next graph (``plan.HOLD_FOR_ENGINE``), for the graph after
+that one (``GraphBatch.ahead`` 2; its predictions are keyed by the graph planned for,
+``_planned``, and the debt the running graph's plan committed counts against this
+one's budget); else at the graph's end, for the next graph. At slack 0 every decode
+graph runs at the top level. Where the graph times measured do not follow the clock
+set (``clock_coupled`` False: the simulated device, live), every level below the top
+is taken at its worst case, no slowdown is learnt, and a decode graph's debt is what
+its plan committed. The plan:
 
 * Horizon: the next ``n_compute`` graphs (from the phase's template) with the forecast
   stalls between them; every combination of compute levels is searched at once
