@@ -607,11 +607,23 @@ static void ti_arm_offsets(struct ti_exec *ex, const struct ti_slot *s, int64_t 
 	}
 }
 
+/* Caller holds mu. Slot idx's plan runs the graph whose first ask came at t_ns. */
+static void ti_run_plan(struct ti_exec *ex, int idx, int64_t t_ns)
+{
+	const struct ti_plan *p = &ex->slots[idx].plan;
+	int32_t first = -1;
+
+	ti_activate(ex, idx);
+	ti_arm_offsets(ex, &ex->slots[idx], t_ns, false, &first);
+	ex->planned_level = p->first_level;
+	ti_apply(ex, p->first_level, TI_SRC_FIRST, -1);
+	pthread_cond_signal(&ex->wake);
+}
+
 /* The first ask of a graph. */
 static void ti_start_graph(struct ti_exec *ex, int64_t t_ns)
 {
 	const struct ti_plan *p;
-	int32_t first = -1;
 
 	ex->awaiting_first = false;
 	ex->in_graph = true;
@@ -629,13 +641,8 @@ static void ti_start_graph(struct ti_exec *ex, int64_t t_ns)
 		int idx = ex->claimed;
 
 		ex->claimed = -1;
-		p = &ex->slots[idx].plan;
-		if (p->graph == ex->seq) {
-			ti_activate(ex, idx);
-			ti_arm_offsets(ex, &ex->slots[idx], t_ns, false, &first);
-			ex->planned_level = p->first_level;
-			ti_apply(ex, p->first_level, TI_SRC_FIRST, -1);
-			pthread_cond_signal(&ex->wake);
+		if (ex->slots[idx].plan.graph == ex->seq) {
+			ti_run_plan(ex, idx, t_ns);
 			return;
 		}
 		ti_timers_drop(ex, ex->slots[idx].gen, false);
@@ -646,11 +653,7 @@ static void ti_start_graph(struct ti_exec *ex, int64_t t_ns)
 			int idx = ex->pending;
 
 			ex->pending = -1;
-			ti_activate(ex, idx);
-			ti_arm_offsets(ex, &ex->slots[idx], t_ns, false, &first);
-			ex->planned_level = p->first_level;
-			ti_apply(ex, p->first_level, TI_SRC_FIRST, -1);
-			pthread_cond_signal(&ex->wake);
+			ti_run_plan(ex, idx, t_ns);
 			return;
 		}
 		if (p->graph < ex->seq) { /* stale: for a graph that is gone */

@@ -442,10 +442,7 @@ class ExecutorModel:
         claimed, self._claimed = self._claimed, None
         if claimed is not None:
             if claimed.plan.graph == self._seq:
-                self._activate(claimed)
-                self._arm_offsets(claimed, t_ns, late=False)
-                self._planned = claimed.plan.first_level
-                self._apply(claimed.plan.first_level, "first", -1, t_ns)
+                self._run_plan(claimed, t_ns)
                 return
             self._drop(claimed.gen, graph_bound_only=False)
         pending = self._pending
@@ -453,10 +450,7 @@ class ExecutorModel:
             p = pending.plan
             if p.graph in (0, self._seq):
                 self._pending = None
-                self._activate(pending)
-                self._arm_offsets(pending, t_ns, late=False)
-                self._planned = p.first_level
-                self._apply(p.first_level, "first", -1, t_ns)
+                self._run_plan(pending, t_ns)
                 return
             if p.graph < self._seq:
                 self._drop(pending.gen, graph_bound_only=False)
@@ -464,6 +458,13 @@ class ExecutorModel:
         if self.status.plans_set > 0:
             self.status.late_plans += 1
         self._apply(self._last_fallback, "fallback", -1, t_ns)
+
+    def _run_plan(self, slot: _Slot, t_ns: int) -> None:
+        """``slot``'s plan runs the graph whose first ask came at ``t_ns``."""
+        self._activate(slot)
+        self._arm_offsets(slot, t_ns, late=False)
+        self._planned = slot.plan.first_level
+        self._apply(slot.plan.first_level, "first", -1, t_ns)
 
     def _set_late(self, slot: _Slot, t_ns: int) -> None:
         self._activate(slot)

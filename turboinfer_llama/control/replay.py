@@ -388,6 +388,8 @@ class _Runner:
         if self.on_counters is not None:
             # as the Governor: sampled at the graph's end when graphs are held, else now
             c = self._end_counters.pop(batch.graph, None)
+            for k in [k for k in self._end_counters if k < batch.graph]:
+                del self._end_counters[k]  # graphs that gave no batch
             self.on_counters(c if c is not None else self.dev.read_counters())
         if self.mark_after and self.begun_graph > batch.graph:
             batch.ahead = 2  # as the Governor: its plan goes past the graph computing

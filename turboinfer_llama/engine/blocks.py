@@ -112,23 +112,46 @@ class NodeBlock:
         ]
 
 
+class NodeTexts:
+    """A record's op, name (and its layer) and shape as ``Event`` fields, cached: they
+    repeat every token. Shared by the hook's per-record decoder and ``BlockDecoder``,
+    so either path gives the same objects."""
+
+    def __init__(self, build_shape: Callable[[Any], NodeShape | None]) -> None:
+        self._build_shape = build_shape
+        self._names: dict[bytes, tuple[str, int]] = {}
+        self._ops: dict[bytes, str] = {}
+        self._shapes: dict[Hashable, NodeShape | None] = {}
+
+    def resolve(self, op: bytes, name: bytes, key: Hashable) -> tuple[str, str, int, Any]:
+        """(op, name, layer, shape) of a record."""
+        named = self._names.get(name)
+        if named is None:
+            text = name.decode("utf-8", "replace")
+            named = self._names[name] = (text, layer_of(text))
+        op_text = self._ops.get(op)
+        if op_text is None:
+            op_text = self._ops[op] = op.decode("ascii", "replace")
+        shapes = self._shapes
+        if key in shapes:
+            shape = shapes[key]
+        else:
+            shape = shapes[key] = self._build_shape(key)
+        return op_text, named[0], named[1], shape
+
+
 class BlockDecoder:
-    """Raw records (``RECORD_DTYPE`` rows) to ``NodeBlock``s, sharing ``Event``-level
-    caches (op and name strings, shape objects) with the hook's per-record decoder, so
-    either path gives the same objects."""
+    """Raw records (``RECORD_DTYPE`` rows) to ``NodeBlock``s, their fields resolved by
+    the ``NodeTexts`` the hook's per-record decoder uses."""
 
     def __init__(
         self,
-        names: dict[bytes, tuple[str, int]],
-        ops: dict[bytes, str],
-        shapes: dict[Hashable, NodeShape | None],
-        build_shape: Callable[[Any], NodeShape | None],
+        texts: NodeTexts,
         same_shape: Callable[[np.ndarray, np.ndarray], bool],
         shape_keys: Callable[[np.ndarray], list[bytes]],
     ) -> None:
         self.table = NodeTable()
-        self._names, self._ops, self._shapes = names, ops, shapes
-        self._build_shape = build_shape
+        self._texts = texts
         self._same_shape = same_shape
         self._shape_keys = shape_keys
         self._codes: dict[tuple[bytes, bytes, bytes], int] = {}
@@ -151,8 +174,7 @@ class BlockDecoder:
         )
 
     def _codes_of(self, raw: np.ndarray) -> np.ndarray:
-        codes, names, ops, shapes = self._codes, self._names, self._ops, self._shapes
-        table = self.table
+        codes, resolve, table = self._codes, self._texts.resolve, self.table
         out = np.empty(len(raw), dtype=np.int64)
         keys = self._shape_keys(raw)
         for i, (op, name, key) in enumerate(
@@ -161,17 +183,6 @@ class BlockDecoder:
             ck = (op, name, key)
             c = codes.get(ck)
             if c is None:
-                named = names.get(name)
-                if named is None:
-                    text = name.decode("utf-8", "replace")
-                    named = names[name] = (text, layer_of(text))
-                op_text = ops.get(op)
-                if op_text is None:
-                    op_text = ops[op] = op.decode("ascii", "replace")
-                if key in shapes:
-                    shape = shapes[key]
-                else:
-                    shape = shapes[key] = self._build_shape(key)
-                c = codes[ck] = table.add(op_text, named[0], named[1], shape)
+                c = codes[ck] = table.add(*resolve(op, name, key))
             out[i] = c
         return out

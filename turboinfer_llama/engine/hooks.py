@@ -28,15 +28,15 @@ import importlib.machinery
 import logging
 import os
 import threading
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .._clock import now_ns
-from .blocks import BlockDecoder, NodeBlock
-from .events import Event, EventKind, NodeShape, layer_of
+from .blocks import BlockDecoder, NodeBlock, NodeTexts
+from .events import Event, EventKind, NodeShape
 from .ggml_mirror import GgmlApi, TensorLayout, TensorPrefix, load_ggml, tensor_layout
 
 if TYPE_CHECKING:
@@ -294,27 +294,14 @@ class _Decoder:
     """Turns raw records into Events, caching what repeats every token (names, shapes)."""
 
     def __init__(self, build_shape: Callable[[Any], NodeShape | None]) -> None:
-        self._build_shape = build_shape
-        self._names: dict[bytes, tuple[str, int]] = {}
-        self._ops: dict[bytes, str] = {}
-        self._shapes: dict[Hashable, NodeShape | None] = {}
+        self.texts = NodeTexts(build_shape)
 
     def decode(self, rows: Iterable[tuple[Any, ...]], out: list[Event]) -> None:
         """rows: (t_ns, graph, node, phase, op, name, shape_key); shape_key is hashable."""
-        names, ops, shapes = self._names, self._ops, self._shapes
+        resolve = self.texts.resolve
         kinds = (EventKind.NODE_ASK, EventKind.NODE_DONE)  # indexed by phase
         for t_ns, graph, node, phase, op, name, key in rows:
-            named = names.get(name)
-            if named is None:
-                text = name.decode("utf-8", "replace")
-                named = names[name] = (text, layer_of(text))
-            op_text = ops.get(op)
-            if op_text is None:
-                op_text = ops[op] = op.decode("ascii", "replace")
-            if key in shapes:
-                shape = shapes[key]
-            else:
-                shape = shapes[key] = self._build_shape(key)
+            op_text, name_text, layer, shape = resolve(op, name, key)
             out.append(
                 Event(
                     kind=kinds[phase],
@@ -322,8 +309,8 @@ class _Decoder:
                     graph=graph,
                     node=node,
                     op=op_text,
-                    name=named[0],
-                    layer=named[1],
+                    name=name_text,
+                    layer=layer,
                     shape=shape,
                 )
             )
@@ -378,10 +365,7 @@ class NativeHook:
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._buf_addr = self._buf.ctypes.data
         self._decoder = _Decoder(self._shape_from_key)
-        dec = self._decoder
-        self._blocks = BlockDecoder(
-            dec._names, dec._ops, dec._shapes, self._shape_from_key, records_same_shape, _shape_keys
-        )
+        self._blocks = BlockDecoder(self._decoder.texts, records_same_shape, _shape_keys)
         self._executor: NativeExecutor | None = None
         self.user_data: ctypes.c_void_p | None = ctypes.c_void_p(handle.value)
         self.cb_eval = _eval_callback_type()(ctypes.cast(lib.ti_hook_eval, ctypes.c_void_p).value)

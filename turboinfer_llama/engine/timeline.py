@@ -612,15 +612,10 @@ class Timeline:
         ly = np.empty(rows, dtype=np.int64)
         meta = np.empty(rows, dtype=np.int32)
         if submit:
-            sub_ns = t0 - g.begin_ns
-            t_col[0] = g.begin_ns
-            d_col[0] = sub_ns
             req[0] = self._request  # a stall carries the current ones
             tok[0] = self._token
             gr[0] = nd[0] = ly[0] = -1
-            meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
-            self.stall_ns["submit"] += sub_ns
-            self.stall_count["submit"] += 1
+            self._submit_row(t_col, d_col, meta, g, t0, phase)
         t_col[submit:] = kt
         d_col[submit:] = kd
         gr[submit:] = b.graph
@@ -641,6 +636,24 @@ class Timeline:
             meta=meta,
             table=self._seg_table,
         )
+
+    def _submit_row(
+        self,
+        t_col: np.ndarray,
+        d_col: np.ndarray,
+        meta: np.ndarray,
+        g: _Graph,
+        first_ns: int,
+        phase: Phase,
+    ) -> None:
+        """Row 0 of a graph's columns: the submit stall from its DECODE_BEGIN to its
+        first kernel at ``first_ns``, accounted."""
+        sub_ns = first_ns - g.begin_ns
+        t_col[0] = g.begin_ns
+        d_col[0] = sub_ns
+        meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
+        self.stall_ns["submit"] += sub_ns
+        self.stall_count["submit"] += 1
 
     def _graph_columns(
         self, g: _Graph, blocks: list[NodeBlock], end_ns: int
@@ -699,12 +712,7 @@ class Timeline:
         meta = np.empty(rows, dtype=np.int32)
         phase = g.phase
         if submit:
-            sub_ns = int(ta[0]) - g.begin_ns
-            t_col[0] = g.begin_ns
-            d_col[0] = sub_ns
-            meta[0] = self._meta_stall(StallKind.SUBMIT, phase)
-            self.stall_ns["submit"] += sub_ns
-            self.stall_count["submit"] += 1
+            self._submit_row(t_col, d_col, meta, g, int(ta[0]), phase)
         at: Any = kpos if kpos is not None else slice(submit, rows)
         t_col[at] = kt
         d_col[at] = kd
