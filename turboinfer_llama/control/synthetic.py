@@ -136,12 +136,15 @@ def make_trace(
     idle_ms: float = 300.0,
     kernel_timing: bool = True,
     sample_ms_after_shift: float | None = None,
+    after_prefill_ms: float | None = None,
     model: str = "gemma-3-270m",
 ) -> list[Segment]:
     """Segments of ``requests`` requests, each a prefill then ``decode_tokens`` decode
     steps. ``kernel_timing=False`` gives a graph-granularity recording (no inter-kernel
     stalls, ``timed=False``). ``sample_ms_after_shift`` switches the sampling gap's
-    median half way through the decode steps (a regime shift)."""
+    median half way through the decode steps (a regime shift). ``after_prefill_ms``:
+    the median of the stall after each prompt, where it differs from the decode's (a
+    server's first token out, a client's first chunk handling)."""
     rng = np.random.default_rng(seed)
     segs: list[Segment] = []
     t = 0
@@ -203,7 +206,9 @@ def make_trace(
                     timed=kernel_timing,
                 )
             med = sample_ms
-            if sample_ms_after_shift is not None and tok > len(steps) // 2:
+            if tok == 0 and after_prefill_ms is not None:
+                med = after_prefill_ms
+            elif sample_ms_after_shift is not None and tok > len(steps) // 2:
                 med = sample_ms_after_shift
             add(
                 "stall",

@@ -836,17 +836,20 @@ class TubeMPC:
 
     # ---- the optimisation -----------------------------------------------------------
 
-    def _sample_estimate(self) -> StallEstimate:
-        """The sampling stall that follows the graph that just ended: after a prompt,
-        the after-prompt stalls' (where one has been seen), else the decode's."""
-        if self._prev_phase == "prefill" and self._after_prefill.estimate().n:
+    def _sample_estimate(self, ahead: int = 1) -> StallEstimate:
+        """The sampling stall before the graph ``ahead`` after the one that just ended:
+        right after a prompt, the after-prompt stalls' (where one has been seen), else
+        the decode's (planning two ahead past a prompt, the stall before the target
+        follows the first decode graph: a decode's)."""
+        if ahead <= 1 and self._prev_phase == "prefill" and self._after_prefill.estimate().n:
             return self._after_prefill.estimate()
         return self.forecast.estimate(StallKind.SAMPLE)
 
-    def _stall_ns(self) -> tuple[float, float, float]:
-        """Forecast of the next inter-graph stall (sample + submit): median, lower
-        bound, and how far below the lower bound one has ended."""
-        s = self._sample_estimate()
+    def _stall_ns(self, ahead: int = 1) -> tuple[float, float, float]:
+        """Forecast of the inter-graph stall (sample + submit) before the graph
+        ``ahead`` after the one that just ended: median, lower bound, and how far below
+        the lower bound one has ended."""
+        s = self._sample_estimate(ahead)
         u = self.forecast.estimate(StallKind.SUBMIT)
         early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
@@ -1020,8 +1023,8 @@ class TubeMPC:
         target = graph + ahead
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
-        d_med, d_lo, d_early = self._stall_ns()
-        droppable = d_lo >= s_ns and self._sample_estimate().n > 0
+        d_med, d_lo, d_early = self._stall_ns(ahead)
+        droppable = d_lo >= s_ns and self._sample_estimate(ahead).n > 0
         if droppable and self.slack <= 0:
             # a stall that ends before its raise lands slows the next graph's start: at
             # slack 0 there is no budget for that (on an unseen 1.2 ms-switch profile
