@@ -21,7 +21,13 @@ choice taken towards a *faster* default (a higher level, hence less time):
   time at the clocks it ran at, grown by at most the clock ratio): a busier window only
   ever picks a level at least as high (``ondemand_target_hz`` rises with the busy
   share, and above ``up_threshold`` it jumps to the top);
-* a prompt graph puts every timeline at the top level (the default is at most there);
+* the timelines start at the device's level when tmpc starts (``initial_level``; the top
+  where unknown), each first poll's window taken as busy before the start;
+* a prompt graph runs on them like any other (tmpc); ``prompt`` is the cautious
+  alternative, every timeline put at the top level (the default is at most there);
+* ``envelope``: the highest level any timeline can reach over a wholly busy stretch
+  (a prompt) from a snapshot of their state, for a prompt to follow: the clock at or
+  above it throughout, the prompt is no slower than the default's;
 * a raise lands at its poll, a drop one switch latency later;
 * a graph's time at a level is the caller's lower estimate (tmpc: the greatest of the
   model's less the tube, the graph's measured time less what running its lower-clock

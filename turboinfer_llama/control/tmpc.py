@@ -33,7 +33,18 @@ time bounded below by the model (less the tube) and by the graph's own measured 
 its busy time above by the model (plus the tube) and the measured time
 (``_measured_bounds``). Where that bound puts the default below the level the last
 decode graph ran at, the next runs wholly at the bound's level (``_envelope_probe``): it
-is no slower than the default there, so it costs no debt, and it measures the level.
+is no slower than the default there, so it costs no debt, and it measures the level;
+and wherever running the next decode graph wholly at the bound's level is predicted no
+dearer than the solved plan, it runs there (a reference a little below that level's own
+time otherwise makes the plan mix in higher levels, at a higher cost). While the bound
+sets the reference clear of the top level's time (beyond the tube) no top-level probe
+runs (``probe_due``). A request's prompt follows the bound's *envelope*
+(``_prompt_envelope``, ``OndemandBound.envelope``): from the bound's state after the
+last graph learnt from (the time since taken as busy up to the last request's end, idle
+after it), the highest level any timer phase can be at as the prompt runs, each raise
+issued a switch latency early; a prompt whose clock stayed at or above it throughout
+(``_followed_envelope``) is no slower than the default's and costs no TTFT debt. After a
+gap the default sits low and a prompt's start runs there too (before: at the top).
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
