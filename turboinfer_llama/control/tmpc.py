@@ -37,8 +37,8 @@ is no slower than the default there, so it costs no debt, and it measures the le
 and wherever running the next decode graph wholly at the bound's level is predicted no
 dearer than the solved plan, it runs there (a reference a little below that level's own
 time otherwise makes the plan mix in higher levels, at a higher cost). While the bound
-sets the reference clear of the top level's time (beyond the tube) no top-level probe
-runs (``probe_due``). A request's prompt follows the bound's *envelope*
+sets the reference clear of the top level's time (``PROBE_SKIP_MARGIN``) no top-level
+probe runs (``probe_due``). A request's prompt follows the bound's *envelope*
 (``_prompt_envelope``, ``OndemandBound.envelope``): from the bound's state after the
 last graph learnt from (the time since taken as busy up to the last request's end, idle
 after it), the highest level any timer phase can be at as the prompt runs, each raise
@@ -145,6 +145,8 @@ _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # time is the latency reference (see TubeMPC._reference_ns)
 PROBE_EVERY = 24
 PROBES_KEPT = 3  # the reference is the median of this many recent probes
+# no probe while the default's bound exceeds the top level's reference by this share
+PROBE_SKIP_MARGIN = 0.02
 # bounds of the learnt ratio of measured to planned slowdown
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
 # a plan teaches the gain when it planned at least this slowdown (share of the top)
@@ -874,10 +876,11 @@ class TubeMPC:
         reference's probe, every ``PROBE_EVERY`` graphs)."""
         if self._probe_for.get(phase, -1) > self._graph:
             return False  # one is planned for a graph not run yet (plans ahead)
-        if phase == "decode" and self._bound_over_top > 1.0 + self.rel_err.estimate().upper_ns:
-            # the default's bound sets the reference, well clear of the top level's
-            # time (beyond the tube): a top-level probe would cost energy to refine a
-            # figure not in use. Due again (the count runs on) once it nears it.
+        if phase == "decode" and self._bound_over_top > 1.0 + PROBE_SKIP_MARGIN:
+            # the default's bound sets the reference (``max(top level's, bound)``),
+            # clear of the top level's time: a top-level probe would cost energy to
+            # refine a figure not in use (a stale one can only matter where it is the
+            # larger). Due again at once (the count runs on) when the bound nears it.
             return False
         return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
 
