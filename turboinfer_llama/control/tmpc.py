@@ -1004,7 +1004,10 @@ class TubeMPC:
         ``[t0, t1]`` throughout (each switch as it landed): the latest envelope begun
         by ``t0``, of the request that began after the last graph learnt from."""
         prev = self._t_end_prev if self._t_end_prev is not None else -1
-        env = next((e for e in reversed(self._envelopes) if prev < e[0][0] <= t0), None)
+        # a copy first: the engine thread appends at each request's begin (copying a
+        # deque is one C call under the GIL; iterating it here could see it mutate)
+        envs = list(self._envelopes)
+        env = next((e for e in reversed(envs) if prev < e[0][0] <= t0), None)
         if env is None:
             return False
         env_t = [t for t, _ in env]
