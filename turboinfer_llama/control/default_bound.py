@@ -21,7 +21,13 @@ choice taken towards a *faster* default (a higher level, hence less time):
   time at the clocks it ran at, grown by at most the clock ratio): a busier window only
   ever picks a level at least as high (``ondemand_target_hz`` rises with the busy
   share, and above ``up_threshold`` it jumps to the top);
-* a prompt graph puts every timeline at the top level (the default is at most there);
+* the timelines start at the device's level when tmpc starts (``initial_level``; the top
+  where unknown), each first poll's window taken as busy before the start;
+* a prompt graph runs on them like any other (tmpc); ``prompt`` is the cautious
+  alternative, every timeline put at the top level (the default is at most there);
+* ``envelope``: the highest level any timeline can reach over a wholly busy stretch
+  (a prompt) from a snapshot of their state, for a prompt to follow: the clock at or
+  above it throughout, the prompt is no slower than the default's;
 * a raise lands at its poll, a drop one switch latency later;
 * a graph's time at a level is the caller's lower estimate (tmpc: the greatest of the
   model's less the tube, the graph's measured time less what running its lower-clock
@@ -75,6 +81,7 @@ class OndemandBound:
         polling_ns: int,
         switch_latency_ns: int,
         n_phases: int = N_PHASES,
+        initial_level: int | None = None,
     ) -> None:
         if polling_ns <= 0:
             raise ValueError(f"polling interval must be > 0, got {polling_ns}")
@@ -85,7 +92,12 @@ class OndemandBound:
         self.poll_ns = float(polling_ns)
         self.switch_ns = float(switch_latency_ns)
         step = self.poll_ns / n_phases
-        self._tl = [_Timeline((k + 1) * step, self.top) for k in range(n_phases)]
+        start = self.top if initial_level is None else int(initial_level)
+        self._tl = [_Timeline((k + 1) * step, start) for k in range(n_phases)]
+        for tl in self._tl:
+            # the first poll's window began before the run: taken as busy throughout
+            tl.win_t0 = tl.next_poll - self.poll_ns
+            tl.win_busy = -tl.win_t0
 
     # ---- one timeline ------------------------------------------------------------
 
@@ -147,23 +159,75 @@ class OndemandBound:
 
     # ---- the run ---------------------------------------------------------------
 
+    def _idle_one(self, tl: _Timeline, dur_ns: float) -> None:
+        end = tl.t + float(dur_ns)
+        # once a poll has seen an idle window the level is the bottom and every
+        # later poll of the gap decides the same: whole periods are skipped (a
+        # server idle for an hour is not 72,000 polls per timeline)
+        self._run(tl, min(float(dur_ns), tl.next_poll + self.poll_ns - tl.t), 0.0, 0.0)
+        skip = int((end - tl.t) // self.poll_ns) - 1
+        if skip > 0 and tl.level == 0 and tl.drop_at == np.inf and tl.win_busy == 0.0:
+            tl.t += skip * self.poll_ns
+            tl.next_poll += skip * self.poll_ns
+            tl.win_t0 = tl.next_poll - self.poll_ns
+        if end > tl.t:
+            self._run(tl, end - tl.t, 0.0, 0.0)
+
     def idle(self, dur_ns: float) -> None:
         """GPU-idle time (a stall, a host gap between graphs, an idle gap)."""
         if dur_ns <= 0:
             return
         for tl in self._tl:
-            end = tl.t + float(dur_ns)
-            # once a poll has seen an idle window the level is the bottom and every
-            # later poll of the gap decides the same: whole periods are skipped (a
-            # server idle for an hour is not 72,000 polls per timeline)
-            self._run(tl, min(float(dur_ns), tl.next_poll + self.poll_ns - tl.t), 0.0, 0.0)
-            skip = int((end - tl.t) // self.poll_ns) - 1
-            if skip > 0 and tl.level == 0 and tl.drop_at == np.inf and tl.win_busy == 0.0:
-                tl.t += skip * self.poll_ns
-                tl.next_poll += skip * self.poll_ns
-                tl.win_t0 = tl.next_poll - self.poll_ns
-            if end > tl.t:
-                self._run(tl, end - tl.t, 0.0, 0.0)
+            self._idle_one(tl, dur_ns)
+
+    def snapshot(self) -> tuple[tuple[float, ...], ...]:
+        """The timelines' state, for :meth:`envelope` from another thread."""
+        return tuple(
+            (tl.t, tl.next_poll, tl.win_t0, tl.win_busy, tl.level, tl.drop_at, tl.drop_to)
+            for tl in self._tl
+        )
+
+    def envelope(
+        self,
+        snap: tuple[tuple[float, ...], ...],
+        busy_ns: float,
+        idle_ns: float,
+    ) -> list[tuple[float, int]]:
+        """The highest level any timeline can be at over a stretch of wholly busy GPU
+        time (a prompt) that follows ``busy_ns`` of work not yet accounted for (taken as
+        busy throughout: a busier window only ever picks a level at least as high) and
+        then ``idle_ns`` of GPU idle, from the timelines' state ``snap``
+        (:meth:`snapshot`): ``(offset ns from the stretch's start, level)`` at each
+        change, the first at offset 0, up to the top level (a wholly busy window puts
+        every timeline there by its second poll). The state is not changed."""
+        per: list[list[tuple[float, int]]] = []
+        for st in snap:
+            tl = _Timeline(0.0, 0)
+            tl.t, tl.next_poll, tl.win_t0, tl.win_busy = st[0], st[1], st[2], st[3]
+            tl.level, tl.drop_at, tl.drop_to = int(st[4]), st[5], int(st[6])
+            if busy_ns > 0:
+                self._run(tl, float(busy_ns), 1.0, 0.0)
+            if idle_ns > 0:
+                self._idle_one(tl, float(idle_ns))
+            t0 = tl.t
+            steps = [(0.0, tl.level)]
+            for _ in range(16):  # a poll or a drop each; the top by the second poll
+                if tl.level >= self.top and tl.drop_at == np.inf:
+                    break
+                event = min(tl.next_poll, tl.drop_at)
+                self._run(tl, max(event - tl.t, 0.0) + 1.0, 1.0, 0.0)
+                if tl.level != steps[-1][1]:
+                    steps.append((tl.t - t0, tl.level))
+            per.append(steps)
+        times = sorted({t for steps in per for t, _ in steps})
+        out: list[tuple[float, int]] = []
+        for t in times:
+            lv = max(next(lv for tt, lv in reversed(steps) if tt <= t) for steps in per)
+            if not out or lv != out[-1][1]:
+                out.append((t, lv))
+            if lv >= self.top:
+                break
+        return out
 
     def prompt(self, dur_ns: np.ndarray, busy_share: np.ndarray) -> None:
         """A prompt graph: every timeline at the top level first (the bound's level

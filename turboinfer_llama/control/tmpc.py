@@ -33,7 +33,18 @@ time bounded below by the model (less the tube) and by the graph's own measured 
 its busy time above by the model (plus the tube) and the measured time
 (``_measured_bounds``). Where that bound puts the default below the level the last
 decode graph ran at, the next runs wholly at the bound's level (``_envelope_probe``): it
-is no slower than the default there, so it costs no debt, and it measures the level.
+is no slower than the default there, so it costs no debt, and it measures the level;
+and wherever running the next decode graph wholly at the bound's level is predicted no
+dearer than the solved plan, it runs there (a reference a little below that level's own
+time otherwise makes the plan mix in higher levels, at a higher cost). While the bound
+sets the reference clear of the top level's time (``PROBE_SKIP_MARGIN``) no top-level
+probe runs (``probe_due``). A request's prompt follows the bound's *envelope*
+(``_prompt_envelope``, ``OndemandBound.envelope``): from the bound's state after the
+last graph learnt from (the time since taken as busy up to the last request's end, idle
+after it), the highest level any timer phase can be at as the prompt runs, each raise
+issued a switch latency early; a prompt whose clock stayed at or above it throughout
+(``_followed_envelope``) is no slower than the default's and costs no TTFT debt. After a
+gap the default sits low and a prompt's start runs there too (before: at the top).
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
@@ -134,6 +145,8 @@ _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # time is the latency reference (see TubeMPC._reference_ns)
 PROBE_EVERY = 24
 PROBES_KEPT = 3  # the reference is the median of this many recent probes
+# no probe while the default's bound exceeds the top level's reference by this share
+PROBE_SKIP_MARGIN = 0.02
 # bounds of the learnt ratio of measured to planned slowdown
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
 # a plan teaches the gain when it planned at least this slowdown (share of the top)
@@ -144,6 +157,9 @@ SEEN_SHARE = 0.1
 # a decode graph's measured lower bound holds for the request's later ones (a context
 # no shorter) less this share of its kernel time: timing noise between graphs
 ANCHOR_MARGIN = 0.02
+# prompt envelopes kept (``TubeMPC._prompt_env``): a prompt's records may reach the
+# planner after the next request has begun
+_ENVELOPES_KEPT = 4
 
 
 class CautiousTables(NamedTuple):
@@ -300,6 +316,7 @@ class TubeMPC:
                 down_differential=sp.ondemand_down,
                 polling_ns=sp.ondemand_polling_ns,
                 switch_latency_ns=self.switch_latency_ns,
+                initial_level=self._initial,
             )
             if sp.governor == "simple_ondemand"
             and sp.rules_known
@@ -309,6 +326,14 @@ class TubeMPC:
             else None
         )
         self._last_min_level = self.top
+        # (the last graph's end, the bound's state after it): for the inline prompt
+        # envelope (read on the engine thread, replaced whole by the planner)
+        self._bound_snap: tuple[int, tuple[tuple[float, ...], ...]] | None = None
+        # the current request's prompt envelope ((t_ns, level) steps), and recent ones
+        self._prompt_env: list[tuple[int, int]] | None = None
+        self._envelopes: deque[list[tuple[int, int]]] = deque(maxlen=_ENVELOPES_KEPT)
+        # the last decode graph's bound over its top-level reference (see probe_due)
+        self._bound_over_top = 0.0
         self._top_ref_ns: dict[str, float] = {}  # the last graph's top-level reference
         # per level: the most kernel time the decode graphs of this request so far bound
         # a later one's by (see _bound_reference)
@@ -402,10 +427,16 @@ class TubeMPC:
         if k is EventKind.DECODE_BEGIN:
             self.phase = "prefill" if ev.n_tokens > 1 else "decode"
             if self.phase == "prefill":
+                if self._prompt_env is not None:
+                    return self._envelope_plan(ev.t_ns)
                 return self._prefill_plan(ev.n_tokens)
             return None
         if k is EventKind.REQUEST_BEGIN:
             self._req_begins.append(ev.t_ns)
+            self._prompt_env = self._prompt_envelope(ev.t_ns)
+            if self._prompt_env is not None:
+                self._envelopes.append(self._prompt_env)
+                return self._envelope_plan(ev.t_ns)
             lv = self._prefill_level()
             return Plan(
                 first_level=lv,
@@ -583,6 +614,10 @@ class TubeMPC:
                     self._last_min_level = int(big[0]) if tot > 0 and len(big) else self.top
                 ref = self._bound_reference(phase, g, host, ref, lo_meas, busy_meas)
             if phase == "prefill":
+                if self._followed_envelope(int(b.t_first_ns), int(b.t_end_ns)):
+                    # the clock was at or above every timeline's level throughout:
+                    # the default is no faster than this prompt
+                    ref = max(ref, measured)
                 self._prepare_prefill(g, b.n_tokens)
         else:
             ref = measured
@@ -602,6 +637,8 @@ class TubeMPC:
         else:
             self._account(phase, measured, ref)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
+        if self._default_bound is not None:
+            self._bound_snap = (b.t_end_ns, self._default_bound.snapshot())
         self._graph = b.graph
         for k in [k for k in self._planned if k <= b.graph]:
             del self._planned[k]
@@ -718,23 +755,19 @@ class TubeMPC:
         r = self.rel_err.estimate().upper_ns
         top_t = float(g.graph_ns[self.top])
         if phase == "prefill":
-            busy_top = max(top_t - host, 0.0) * (1.0 + r)
-            dur = np.full(self.n_levels, top_t)
-            bound.prompt(dur, np.full(self.n_levels, min(1.0, busy_top / max(top_t, 1.0))))
-            # the bound is at the top now: the next decode graph's expected reference
-            # is the top level's again
+            # the next decode graph's expected reference is the top level's again
             if "decode" in self._top_ref_ns:
                 self._last_ref_ns["decode"] = self._top_ref_ns["decode"]
             self._anchor_ns = None  # a new request: a new context
-            return ref
-        self._top_ref_ns[phase] = ref
-        # a later decode graph of the same request is at least as slow at each level as
-        # this one (its context is no shorter): this graph's measured bound, kernel time
-        # only (host time is its own), bounds theirs
-        kern = (lo_meas - host) * (1.0 - ANCHOR_MARGIN)
-        anchor = self._anchor_ns
-        self._anchor_ns = kern if anchor is None else np.maximum(anchor, kern)
-        lo_meas = np.maximum(lo_meas, self._anchor_ns + host)
+        else:
+            self._top_ref_ns[phase] = ref
+            # a later decode graph of the same request is at least as slow at each level as
+            # this one (its context is no shorter): this graph's measured bound, kernel time
+            # only (host time is its own), bounds theirs
+            kern = (lo_meas - host) * (1.0 - ANCHOR_MARGIN)
+            anchor = self._anchor_ns
+            self._anchor_ns = kern if anchor is None else np.maximum(anchor, kern)
+            lo_meas = np.maximum(lo_meas, self._anchor_ns + host)
         seen = self._seen_for(phase)
         at_seen = np.maximum(np.arange(self.n_levels), seen)
         # time: the model's (at the lowest level run, below it), its slowdown below the
@@ -758,6 +791,9 @@ class TubeMPC:
         dur = np.maximum(lo, busy_hi + host)
         share = np.minimum(1.0, busy_hi / np.maximum(dur, 1.0))
         got = bound.graph(dur, share, lo)
+        if phase == "prefill":
+            return max(ref, got)
+        self._bound_over_top = got / max(ref, 1.0)
         # the next graph's expected reference, for its plan only (its account takes
         # the bound above): the model's time at the bound's level, without the tube's
         # margin -- a graph run wholly there is no slower than the default's
@@ -780,6 +816,14 @@ class TubeMPC:
             return None
         lv = bound.level_hi()
         return lv if lv < self._last_min_level else None
+
+    def _bound_level(self) -> int | None:
+        """The default's bound level (the highest over the timer phases), where there
+        is a bound and a budget; else None."""
+        bound = self._default_bound
+        if bound is None or self.slack <= 0:
+            return None
+        return bound.level_hi()
 
     def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
         """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
@@ -848,6 +892,12 @@ class TubeMPC:
         reference's probe, every ``PROBE_EVERY`` graphs)."""
         if self._probe_for.get(phase, -1) > self._graph:
             return False  # one is planned for a graph not run yet (plans ahead)
+        if phase == "decode" and self._bound_over_top > 1.0 + PROBE_SKIP_MARGIN:
+            # the default's bound sets the reference (``max(top level's, bound)``),
+            # clear of the top level's time: a top-level probe would cost energy to
+            # refine a figure not in use (a stale one can only matter where it is the
+            # larger). Due again at once (the count runs on) when the bound nears it.
+            return False
         return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
 
     # ---- the optimisation -----------------------------------------------------------
@@ -930,6 +980,62 @@ class TubeMPC:
         sw, predicted = self._block_switches(tpl, blocks)
         margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
         self._prefill_next = (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin)
+
+    def _prompt_envelope(self, t_ns: int) -> list[tuple[int, int]] | None:
+        """The default's level bound over a prompt that begins at ``t_ns`` (a request's
+        begin): ``(t_ns, level)`` steps from :meth:`OndemandBound.envelope`, the time
+        since the last graph learnt from taken as busy up to the last request's end and
+        idle after it. None where there is no bound, nothing learnt yet, or the bound
+        starts at the top level."""
+        snap = self._bound_snap
+        if snap is None or self.slack <= 0:
+            return None
+        prev, state = snap
+        end = self._req_ends[-1] if self._req_ends and self._req_ends[-1] >= prev else t_ns
+        end = min(end, t_ns)
+        bound = self._default_bound
+        assert bound is not None
+        steps = bound.envelope(state, max(0, end - prev), max(0, t_ns - end))
+        if steps[0][1] >= self.top:
+            return None
+        return [(t_ns + int(off), lv) for off, lv in steps]
+
+    def _envelope_plan(self, t_ns: int) -> Plan:
+        """Follow the prompt's envelope (:meth:`_prompt_envelope`) from ``t_ns``: each
+        raise issued one switch latency before the bound's level can rise."""
+        env = self._prompt_env
+        assert env is not None
+        s_ns = self.switch_latency_ns
+        now_lv = env[0][1]
+        sw = []
+        for t, lv in env[1:]:
+            if t - s_ns <= t_ns:
+                now_lv = lv
+            else:
+                sw.append(Switch(Anchor.TIME, t - s_ns, lv))
+        return Plan(
+            fallback_level=self.top,
+            switches=(Switch(Anchor.TIME, t_ns, now_lv), *sw),
+        )
+
+    def _followed_envelope(self, t0: int, t1: int) -> bool:
+        """Whether the clock was at or above the envelope of the prompt that ran over
+        ``[t0, t1]`` throughout (each switch as it landed): the latest envelope begun
+        by ``t0``, of the request that began after the last graph learnt from."""
+        prev = self._t_end_prev if self._t_end_prev is not None else -1
+        # a copy first: the engine thread appends at each request's begin (copying a
+        # deque is one C call under the GIL; iterating it here could see it mutate)
+        envs = list(self._envelopes)
+        env = next((e for e in reversed(envs) if prev < e[0][0] <= t0), None)
+        if env is None:
+            return False
+        env_t = [t for t, _ in env]
+        i0 = bisect.bisect_right(self._hist_t, t0)
+        i1 = bisect.bisect_right(self._hist_t, t1)
+        for t in [t0, *(t for t in env_t if t0 < t <= t1), *self._hist_t[i0:i1]]:
+            if self.level_at(int(t)) < env[bisect.bisect_right(env_t, t) - 1][1]:
+                return False
+        return True
 
     def _prefill_plan(self, n_tokens: int) -> Plan | None:
         """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
@@ -1135,6 +1241,20 @@ class TubeMPC:
                 float(time_ns[0, first]),
             )
         used = used_here + future
+        env_lv = self._bound_level()
+        if env_lv is not None and float(ct.energy_j[env_lv]) <= float(
+            block_e[np.arange(len(blocks)), blocks].sum()
+        ):
+            # the whole graph at the default's bound level is no dearer than the plan:
+            # run it there (it is no slower than the default's, so it costs no debt;
+            # a plan around that level whose reference sits a little below the level's
+            # own time mixes in higher levels for the difference, at a higher cost)
+            return Plan(
+                first_level=env_lv,
+                end_level=0 if droppable else -1,
+                fallback_level=env_lv,
+                switches=(Switch(Anchor.TIME, t_now, env_lv),),
+            )
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         first = int(blocks[0])
         sw, predicted = self._block_switches(tpl, blocks)

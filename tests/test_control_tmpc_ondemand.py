@@ -1,0 +1,93 @@
+"""tmpc against the hindsight ``phase`` baseline where the default governor is
+simple_ondemand (issue 13, item 3). All figures simulated."""
+
+import numpy as np
+import pytest
+
+from turboinfer_llama.control.default_bound import OndemandBound
+from turboinfer_llama.control.factory import for_device, make_controller
+from turboinfer_llama.control.replay import replay
+from turboinfer_llama.control.synthetic import make_trace
+from turboinfer_llama.devices.sim import SimGpu, load_profile
+
+MS = 1_000_000
+LEVELS_HZ = [200_000_000, 300_000_000, 450_000_000, 600_000_000, 800_000_000]
+
+
+def _bound(initial_level: int | None = None) -> OndemandBound:
+    return OndemandBound(
+        LEVELS_HZ,
+        up_threshold=90,
+        down_differential=5,
+        polling_ns=50 * MS,
+        switch_latency_ns=0,
+        initial_level=initial_level,
+    )
+
+
+def test_the_prompt_envelope_after_an_idle_gap_holds_the_bottom_until_a_busy_window():
+    # after 300 ms idle every timeline is at the bottom with an idle window; a wholly
+    # busy prompt raises one only at a poll whose window is over 90% busy: the first
+    # such poll comes 45-50 ms in (the timer phases are 50/12 ms apart)
+    b = _bound(initial_level=2)
+    steps = b.envelope(b.snapshot(), 0.0, 300 * MS)
+    assert steps[0] == (0.0, 0)
+    assert steps[-1][1] == len(LEVELS_HZ) - 1
+    assert 45 * MS <= steps[1][0] <= 50 * MS + 1
+    # a short idle gap after busy work: the level does not start at the bottom
+    steps = b.envelope(b.snapshot(), 20 * MS, 1 * MS)
+    assert steps[0][1] > 0
+    # the state is not changed by asking
+    assert b.envelope(b.snapshot(), 0.0, 300 * MS)[1][0] == pytest.approx(45.83 * MS, rel=1e-3)
+
+
+def test_the_prompt_envelope_never_undercuts_any_timeline():
+    # the envelope is the upper envelope of the timelines' own levels over the prompt
+    b = _bound(initial_level=1)
+    dur = 8.0 * MS * np.asarray(LEVELS_HZ[-1], dtype=np.float64) / np.asarray(LEVELS_HZ)
+    for _ in range(30):
+        b.idle(9 * MS)
+        b.graph(dur, np.ones(len(LEVELS_HZ)) * 0.9, dur)
+    snap = b.snapshot()
+    env = b.envelope(snap, 3 * MS, 4 * MS)
+    env_t = [t for t, _ in env]
+    for st in snap:
+        one = OndemandBound(
+            LEVELS_HZ, up_threshold=90, down_differential=5, polling_ns=50 * MS,
+            switch_latency_ns=0, n_phases=1,
+        )  # fmt: skip
+        for t, lv in one.envelope((st,), 3 * MS, 4 * MS):
+            k = max(i for i, x in enumerate(env_t) if x <= t)
+            assert env[k][1] >= lv
+
+
+@pytest.mark.parametrize("profile", ["mali-g76"])
+def test_tmpc_keeps_up_with_the_phase_baseline_on_a_simple_ondemand_profile(profile):
+    """On mali-g76 (simple_ondemand) tmpc spent 10% *more* than the default governor
+    here while ``phase`` (prefill and decode each at its best fixed level, chosen in
+    hindsight) saves 1.6% less than it: tmpc ran each prompt at the top where the
+    default sits at the bottom after the idle gap, and its decode plans mixed higher
+    levels around the bound's level. It must now save at least ``phase`` less one
+    point, within the latency budget."""
+    prof = load_profile(profile)
+    trace = make_trace(
+        requests=2, decode_tokens=64, prompt_tokens=16, sample_ms=1.5, idle_ms=50, seed=2
+    )
+    slack = 0.02
+    got = {}
+    for name in ("default", "phase", "tmpc"):
+        dev = SimGpu(prof)
+        ctl = make_controller(
+            name,
+            latency_slack=slack,
+            **for_device(dev),
+            trace=trace,
+            device_factory=lambda: SimGpu(prof),
+        )
+        got[name] = replay(trace, ctl, dev, hold=True)
+    base = got["default"]
+    saving = {k: 1.0 - r.energy_j / base.energy_j for k, r in got.items()}
+    assert saving["tmpc"] >= saving["phase"] - 0.01, saving
+    tmpc = got["tmpc"]
+    assert tmpc.tpot_ms <= base.tpot_ms * (1 + slack + 0.002)
+    assert tmpc.ttft_ms <= base.ttft_ms * (1 + slack + 0.002)
