@@ -24,7 +24,7 @@ import numpy as np
 from ._clock import now_ns
 from .devices.base import GpuDevice
 from .engine.events import Event, EventKind
-from .engine.hooks import EvalHook
+from .engine.hooks import EvalHook, GraphRecords
 from .engine.segments import Segment
 from .engine.timeline import Derived, Timeline, expand
 from .live import RealDeviceControl, SettleAborted, SimulatedAccount
@@ -110,6 +110,8 @@ class PowerSession:
         self._decode_raw = hook.decode_raw
         # records as arrays (engine.blocks), where the hook can: no object per record
         self._decode_block: Callable[[Any], Any] | None = getattr(hook, "decode_block", None)
+        # a graph's records as a repeat of the last graph's, where the hook can
+        self._drain_graph: Callable[[int], Any] | None = getattr(hook, "drain_graph", None)
         self._pending: list[Any] = []
         self._pending_records = 0
         self._swap_lock = threading.Lock()  # guards _pending/_pending_records (brief)
@@ -211,11 +213,14 @@ class PowerSession:
             self._loop.on_event(event)
         return event
 
-    def _drain(self) -> Any:
+    def _drain(self, graph: int | None = None) -> Any:
+        """Queue the hook's pending records; at a graph's end (``graph``), as a repeat
+        of the last graph's where the hook can (``NativeHook.drain_graph``)."""
         hook = self._hook
         if hook is None:
             return None
-        raw = hook.drain_raw()
+        drain_graph = self._drain_graph
+        raw = hook.drain_raw() if graph is None or drain_graph is None else drain_graph(graph)
         if len(raw):
             self._push(raw, len(raw))
         return raw
@@ -256,7 +261,7 @@ class PowerSession:
         t_end = now_ns()
         if self._loop is not None:  # first: the executor's end-of-graph switch
             self._loop.graph_end()
-        raw = self._drain()
+        raw = self._drain(self._graph)
         ev = self.emit(EventKind.DECODE_END, t_end, graph=self._graph)
         if self._loop is not None:
             t_begin, n_tokens = self._decode_begin
@@ -405,7 +410,7 @@ class PowerSession:
                 continue
             backlog -= len(item)
             decode_block = self._decode_block
-            if decode_block is not None and isinstance(item, np.ndarray):
+            if decode_block is not None and isinstance(item, np.ndarray | GraphRecords):
                 # one drain (a graph's records) as arrays: its segments come at its
                 # DECODE_END, as arrays too
                 tl.extend_block(decode_block(item))
