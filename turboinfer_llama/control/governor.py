@@ -240,7 +240,8 @@ class Governor:
                 self._boundary_ns = max(self._boundary_ns, event.t_ns)
             if self.failed:
                 return
-            self._apply_due(self._clock())
+            if self._queue:  # nothing is due from an empty queue: no clock read
+                self._apply_due(self._clock())
             steering = self._steering
         if not steering:
             self.controller.on_event(event)
@@ -258,6 +259,8 @@ class Governor:
         self._decision_ns.append(time.perf_counter_ns() - t0)
         if len(self._decision_ns) > 100_000:
             del self._decision_ns[:50_000]
+        if d is None and not timed and not self._queue:
+            return  # most events (sample, token, decode begin): nothing to hand over
         with self._lock:
             if isinstance(d, Plan):
                 self._set_plan(d)

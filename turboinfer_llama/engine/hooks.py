@@ -201,6 +201,35 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
 
 _NATIVE_LIB, _NATIVE_WHY = _load_native()
 NATIVE_AVAILABLE: bool = _NATIVE_LIB is not None
+
+
+def _load_held(lib: ctypes.CDLL | None) -> ctypes.PyDLL | None:
+    """The same library's ring calls the engine thread makes between two
+    ``llama_decode`` calls, bound so that they keep the GIL: each is a short copy or
+    compare, takes no lock (``ti_hook_begin_graph``: the executor's mutex, held only
+    by native code for microseconds) and never calls back into Python. A ctypes call
+    that released the GIL there handed it to any thread waiting for it (the planner)
+    and the engine then waited for it back, for up to the switch interval."""
+    if lib is None:
+        return None
+    vp = ctypes.c_void_p
+    try:
+        held = ctypes.PyDLL(lib._name)
+        for name, restype, argtypes in [
+            ("ti_hook_begin_graph", ctypes.c_uint64, [vp]),
+            ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
+            ("ti_hook_pending", ctypes.c_uint32, [vp]),
+            ("ti_hook_drain_like", ctypes.c_uint32, [vp, vp, ctypes.c_uint32, ctypes.c_uint64, vp]),
+        ]:
+            fn = getattr(held, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+    except (OSError, AttributeError):
+        return None
+    return held
+
+
+_HELD_LIB = _load_held(_NATIVE_LIB)
 if not NATIVE_AVAILABLE:
     logger.warning(
         "native eval hooks unavailable (%s); using the pure-Python callback", _NATIVE_WHY
@@ -398,6 +427,7 @@ class NativeHook:
             raise HookError(f"ti_hook_create failed: {os.strerror(-rc)}")
         self.granularity = granularity
         self._lib = lib
+        self._held = _HELD_LIB or lib  # the engine thread's calls, GIL kept
         self._handle: int | None = handle.value
         self._overflow_at_close = 0
         self._lock = threading.Lock()  # one consumer at a time; close waits for drain
@@ -421,7 +451,7 @@ class NativeHook:
     def begin_graph(self) -> int:
         if self._handle is None:
             raise HookError("hook is closed")
-        return int(self._lib.ti_hook_begin_graph(self._handle))
+        return int(self._held.ti_hook_begin_graph(self._handle))
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
@@ -443,7 +473,7 @@ class NativeHook:
             handle = self._handle
             if handle is None:
                 return self._empty
-            lib = self._lib
+            lib = self._held
             while True:
                 want = lib.ti_hook_pending(handle)
                 if not want:
@@ -476,7 +506,7 @@ class NativeHook:
                     self._tns_slab = np.empty(max(n, _TNS_SLAB), dtype=np.int64)
                     self._tns_addr = self._tns_slab.ctypes.data
                     pos = 0
-                got = self._lib.ti_hook_drain_like(
+                got = self._held.ti_hook_drain_like(
                     handle, self._tpl_addr, n, graph, self._tns_addr + 8 * pos
                 )
                 if got:
