@@ -556,6 +556,7 @@ class PowerSession:
     # -- teardown --------------------------------------------------------------
     def _release_now(self) -> None:
         hook, self._hook = self._hook, None
+        self._drain_graph = None
         if hook is not None:
             hook.disable()
             hook.close()
@@ -594,6 +595,7 @@ class PowerSession:
         finally:
             hook, self._hook = self._hook, None
             self._decode_raw = _no_decoder
+            self._drain_graph = None  # a bound method: it would keep the hook alive
             if self._decode_block is not None:
                 self._decode_block = _no_decoder
             if hook is not None:
