@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from .live import RealDeviceControl, SettleAborted, SimulatedAccount
 from .settings import PowerSettings
 from .trace.perfetto import chrome_trace, write_chrome_trace
 from .trace.record import save_trace
+
+if TYPE_CHECKING:
+    from .control.governor import Governor
 
 log = logging.getLogger("turboinfer_llama")
 
@@ -129,7 +132,7 @@ class PowerSession:
         self._decode_begin = (0, 1)
         # the live loop (engine-side calls): the real-device governor, or the
         # simulated device's recording loop
-        self._loop: Live | None = live
+        self._loop: Governor | None = live.engine if live is not None else None
         if live is not None:
             live.bind_hook(hook)
         self.offload: dict[str, Any] | None = None  # set by Llama: where the layers run
@@ -163,7 +166,7 @@ class PowerSession:
             live.bind_hook(self._hook)
         self.live = live
         self._real = live
-        self._loop = live
+        self._loop = live.engine
 
     @property
     def hook(self) -> EvalHook | None:
@@ -541,9 +544,7 @@ class PowerSession:
         (``turboinfer bench --replay``); ``meta["window"]`` says whether older events
         were dropped (``"complete": false``)."""
         meta = dict(meta or {})
-        loop = getattr(self._loop or self.live, "loop", None) or getattr(
-            self._loop or self.live, "governor", None
-        )
+        loop = self._loop if self._loop is not None else self._live_loop()
         if loop is not None and loop.plan_delay_ns:
             # when each graph's plan was set, live: replay models the same delays
             meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
@@ -552,6 +553,10 @@ class PowerSession:
             meta.setdefault("plans_dropped", sorted(loop.plans_dropped))
         tl = self.timeline
         return str(save_trace(path, tl.events(), {**meta, "window": tl.window()}))
+
+    def _live_loop(self) -> Governor | None:
+        """The live loop of ``live`` (also after ``detach``)."""
+        return self.live.engine if self.live is not None else None
 
     # -- teardown --------------------------------------------------------------
     def _release_now(self) -> None:

@@ -27,6 +27,7 @@ disable: the controller then runs on engine timing alone (``feedback: engine-onl
 
 from __future__ import annotations
 
+import _thread
 import bisect
 import dataclasses
 import logging
@@ -138,7 +139,7 @@ class Governor:
         # graphs waiting for the planner (appended by the engine thread, which never
         # wakes the planner at a graph's end: see _work)
         self._pending_graphs: deque[tuple[Any, int, int, int, int, Any]] = deque()
-        self._go = threading.Event()  # wakes the planner
+        self._go = _Wakeup()  # wakes the planner
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
@@ -443,8 +444,7 @@ class Governor:
           planner takes at most ``EAGER_PLAN_FRACTION`` of the graph period (moving
           averages). ``health()["plan_holds"]`` counts held and eager graphs."""
         while True:
-            self._go.wait()
-            self._go.clear()
+            self._go.wait()  # and clear
             if self._stop.is_set():
                 self._idle.set()
                 return
@@ -672,6 +672,28 @@ class Governor:
             "graphs": st["graphs"],
             "waited_ms": st["waited_ns"] / 1e6,
         }
+
+
+class _Wakeup:
+    """``threading.Event`` for one waiter that clears it as it wakes, on a bare lock:
+    ``set`` is one native call (the engine thread sets it every decode token; an
+    Event's runs its Condition's Python code) and ``wait`` blocks, GIL released, until
+    the next ``set`` (or returns at once if one came meanwhile)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()  # clear
+
+    def set(self) -> None:
+        try:  # noqa: SIM105 (contextlib.suppress builds an object per call)
+            self._lock.release()
+        except RuntimeError:  # already set
+            pass
+
+    def wait(self) -> None:
+        self._lock.acquire()
 
 
 def _median_us(ns: list[int]) -> float | None:
