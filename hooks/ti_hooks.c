@@ -287,6 +287,47 @@ TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t
 	return (uint32_t)n;
 }
 
+TI_API uint32_t ti_hook_pending(const struct ti_hook *h)
+{
+	uint64_t tail, head;
+
+	if (h == NULL)
+		return 0;
+	tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
+	head = atomic_load_explicit(&h->head, memory_order_acquire);
+	return (uint32_t)(head - tail);
+}
+
+/* Records agree in every byte but t_ns and graph (the node included): [ne, end). */
+static bool ti_record_repeat_eq(const struct ti_record *a, const struct ti_record *b)
+{
+	const size_t lo = offsetof(struct ti_record, ne);
+
+	return memcmp((const char *)a + lo, (const char *)b + lo, sizeof(*a) - lo) == 0;
+}
+
+TI_API uint32_t ti_hook_drain_like(struct ti_hook *h, const struct ti_record *tpl, uint32_t n,
+				   uint64_t graph, int64_t *t_ns_out)
+{
+	uint64_t tail, head, i;
+	const struct ti_record *r;
+
+	if (h == NULL || tpl == NULL || t_ns_out == NULL || n == 0)
+		return 0;
+	tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
+	head = atomic_load_explicit(&h->head, memory_order_acquire);
+	if (head - tail != n)
+		return 0;
+	for (i = 0; i < n; i++) {
+		r = &h->ring[(tail + i) % h->capacity];
+		if (r->graph != graph || !ti_record_repeat_eq(r, &tpl[i]))
+			return 0;
+		t_ns_out[i] = r->t_ns;
+	}
+	atomic_store_explicit(&h->tail, tail + n, memory_order_release);
+	return n;
+}
+
 TI_API uint64_t ti_hook_overflow(const struct ti_hook *h)
 {
 	if (h == NULL)

@@ -17,20 +17,23 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._clock import now_ns
 from .devices.base import GpuDevice
 from .engine.events import Event, EventKind
-from .engine.hooks import EvalHook
+from .engine.hooks import EvalHook, GraphRecords
 from .engine.segments import Segment
 from .engine.timeline import Derived, Timeline, expand
 from .live import RealDeviceControl, SettleAborted, SimulatedAccount
 from .settings import PowerSettings
 from .trace.perfetto import chrome_trace, write_chrome_trace
 from .trace.record import save_trace
+
+if TYPE_CHECKING:
+    from .control.governor import Governor
 
 log = logging.getLogger("turboinfer_llama")
 
@@ -110,6 +113,8 @@ class PowerSession:
         self._decode_raw = hook.decode_raw
         # records as arrays (engine.blocks), where the hook can: no object per record
         self._decode_block: Callable[[Any], Any] | None = getattr(hook, "decode_block", None)
+        # a graph's records as a repeat of the last graph's, where the hook can
+        self._drain_graph: Callable[[int], Any] | None = getattr(hook, "drain_graph", None)
         self._pending: list[Any] = []
         self._pending_records = 0
         self._swap_lock = threading.Lock()  # guards _pending/_pending_records (brief)
@@ -127,7 +132,7 @@ class PowerSession:
         self._decode_begin = (0, 1)
         # the live loop (engine-side calls): the real-device governor, or the
         # simulated device's recording loop
-        self._loop: Live | None = live
+        self._loop: Governor | None = live.engine if live is not None else None
         if live is not None:
             live.bind_hook(hook)
         self.offload: dict[str, Any] | None = None  # set by Llama: where the layers run
@@ -161,7 +166,7 @@ class PowerSession:
             live.bind_hook(self._hook)
         self.live = live
         self._real = live
-        self._loop = live
+        self._loop = live.engine
 
     @property
     def hook(self) -> EvalHook | None:
@@ -211,11 +216,14 @@ class PowerSession:
             self._loop.on_event(event)
         return event
 
-    def _drain(self) -> Any:
+    def _drain(self, graph: int | None = None) -> Any:
+        """Queue the hook's pending records; at a graph's end (``graph``), as a repeat
+        of the last graph's where the hook can (``NativeHook.drain_graph``)."""
         hook = self._hook
         if hook is None:
             return None
-        raw = hook.drain_raw()
+        drain_graph = self._drain_graph
+        raw = hook.drain_raw() if graph is None or drain_graph is None else drain_graph(graph)
         if len(raw):
             self._push(raw, len(raw))
         return raw
@@ -256,7 +264,7 @@ class PowerSession:
         t_end = now_ns()
         if self._loop is not None:  # first: the executor's end-of-graph switch
             self._loop.graph_end()
-        raw = self._drain()
+        raw = self._drain(self._graph)
         ev = self.emit(EventKind.DECODE_END, t_end, graph=self._graph)
         if self._loop is not None:
             t_begin, n_tokens = self._decode_begin
@@ -405,7 +413,7 @@ class PowerSession:
                 continue
             backlog -= len(item)
             decode_block = self._decode_block
-            if decode_block is not None and isinstance(item, np.ndarray):
+            if decode_block is not None and isinstance(item, np.ndarray | GraphRecords):
                 # one drain (a graph's records) as arrays: its segments come at its
                 # DECODE_END, as arrays too
                 tl.extend_block(decode_block(item))
@@ -536,9 +544,7 @@ class PowerSession:
         (``turboinfer bench --replay``); ``meta["window"]`` says whether older events
         were dropped (``"complete": false``)."""
         meta = dict(meta or {})
-        loop = getattr(self._loop or self.live, "loop", None) or getattr(
-            self._loop or self.live, "governor", None
-        )
+        loop = self._loop if self._loop is not None else self._live_loop()
         if loop is not None and loop.plan_delay_ns:
             # when each graph's plan was set, live: replay models the same delays
             meta.setdefault("plan_delay_ns", {str(g): d for g, d in loop.plan_delay_ns.items()})
@@ -548,9 +554,14 @@ class PowerSession:
         tl = self.timeline
         return str(save_trace(path, tl.events(), {**meta, "window": tl.window()}))
 
+    def _live_loop(self) -> Governor | None:
+        """The live loop of ``live`` (also after ``detach``)."""
+        return self.live.engine if self.live is not None else None
+
     # -- teardown --------------------------------------------------------------
     def _release_now(self) -> None:
         hook, self._hook = self._hook, None
+        self._drain_graph = None
         if hook is not None:
             hook.disable()
             hook.close()
@@ -589,6 +600,7 @@ class PowerSession:
         finally:
             hook, self._hook = self._hook, None
             self._decode_raw = _no_decoder
+            self._drain_graph = None  # a bound method: it would keep the hook alive
             if self._decode_block is not None:
                 self._decode_block = _no_decoder
             if hook is not None:

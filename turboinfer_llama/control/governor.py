@@ -27,6 +27,7 @@ disable: the controller then runs on engine timing alone (``feedback: engine-onl
 
 from __future__ import annotations
 
+import _thread
 import bisect
 import dataclasses
 import logging
@@ -138,7 +139,7 @@ class Governor:
         # graphs waiting for the planner (appended by the engine thread, which never
         # wakes the planner at a graph's end: see _work)
         self._pending_graphs: deque[tuple[Any, int, int, int, int, Any]] = deque()
-        self._go = threading.Event()  # wakes the planner
+        self._go = _Wakeup()  # wakes the planner
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
@@ -240,7 +241,8 @@ class Governor:
                 self._boundary_ns = max(self._boundary_ns, event.t_ns)
             if self.failed:
                 return
-            self._apply_due(self._clock())
+            if self._queue:  # nothing is due from an empty queue: no clock read
+                self._apply_due(self._clock())
             steering = self._steering
         if not steering:
             self.controller.on_event(event)
@@ -258,6 +260,8 @@ class Governor:
         self._decision_ns.append(time.perf_counter_ns() - t0)
         if len(self._decision_ns) > 100_000:
             del self._decision_ns[:50_000]
+        if d is None and not timed and not self._queue:
+            return  # most events (sample, token, decode begin): nothing to hand over
         with self._lock:
             if isinstance(d, Plan):
                 self._set_plan(d)
@@ -440,8 +444,7 @@ class Governor:
           planner takes at most ``EAGER_PLAN_FRACTION`` of the graph period (moving
           averages). ``health()["plan_holds"]`` counts held and eager graphs."""
         while True:
-            self._go.wait()
-            self._go.clear()
+            self._go.wait()  # and clear
             if self._stop.is_set():
                 self._idle.set()
                 return
@@ -669,6 +672,28 @@ class Governor:
             "graphs": st["graphs"],
             "waited_ms": st["waited_ns"] / 1e6,
         }
+
+
+class _Wakeup:
+    """``threading.Event`` for one waiter that clears it as it wakes, on a bare lock:
+    ``set`` is one native call (the engine thread sets it every decode token; an
+    Event's runs its Condition's Python code) and ``wait`` blocks, GIL released, until
+    the next ``set`` (or returns at once if one came meanwhile)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()  # clear
+
+    def set(self) -> None:
+        try:  # noqa: SIM105 (contextlib.suppress builds an object per call)
+            self._lock.release()
+        except RuntimeError:  # already set
+            pass
+
+    def wait(self) -> None:
+        self._lock.acquire()
 
 
 def _median_us(ns: list[int]) -> float | None:

@@ -18,7 +18,7 @@ from numpy.lib.recfunctions import repack_fields
 
 from ..engine.events import NodeShape
 from ..engine.graph import cost
-from ..engine.hooks import records_same_shape, records_scan
+from ..engine.hooks import GraphRecords, records_same_shape, records_scan
 from .model import node_times
 
 LAYER_OUT_PREFIX = b"l_out-"
@@ -84,6 +84,31 @@ class NodeCosts:
         # layer output): (compute ns, memory ns, launch, layer output) arrays
         self.by_nodes: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.graph_hits = 0
+        # repeats (engine.hooks.GraphRecords): the last template's checks
+        self._asks_of: tuple[np.ndarray, bool] | None = None
+        self._same_of: tuple[np.ndarray, np.ndarray, bool] | None = None
+
+    def all_asks(self, template: np.ndarray) -> bool:
+        """Whether every record of ``template`` (a repeat's rows) is an ask; kept for
+        the last template asked about."""
+        if self._asks_of is not None and self._asks_of[0] is template:
+            return self._asks_of[1]
+        got = not template["phase"].any()
+        self._asks_of = (template, got)
+        return got
+
+    def same_as_last(self, template: np.ndarray) -> bool:
+        """``records_same_shape(template, last_seen)``, compared once per template
+        while :attr:`last_seen` stays (a repeat's rows are its template's)."""
+        seen = self.last_seen
+        if seen is None:
+            return False
+        hit = self._same_of
+        if hit is not None and hit[0] is template and hit[1] is seen:
+            return hit[2]
+        got = records_same_shape(template, seen)
+        self._same_of = (template, seen, got)
+        return got
 
     @property
     def last_seen(self) -> np.ndarray | None:
@@ -165,11 +190,12 @@ class NodeCosts:
         return self.of(op, shape)
 
 
-def records_array(raw: object) -> np.ndarray | None:
-    """Hook records as ``RECORD_DTYPE``: the native ring's array as is; the Python
+def records_array(raw: object) -> np.ndarray | GraphRecords | None:
+    """Hook records as ``RECORD_DTYPE``: the native ring's array (or its repeat of an
+    earlier graph's, ``GraphRecords``) as is; the Python
     hook's tuples ``(t_ns, graph, node, phase, op, name, shape key)`` converted (the
     fallback path, where this costs what the Python callback already costs)."""
-    if isinstance(raw, np.ndarray):
+    if isinstance(raw, np.ndarray | GraphRecords):
         return raw
     if not raw:
         return None
@@ -200,7 +226,7 @@ def _no_completions(n: int) -> np.ndarray:
 
 
 def batch_from_records(
-    rec: np.ndarray,
+    rec: np.ndarray | GraphRecords,
     *,
     graph: int,
     n_tokens: int,
@@ -213,9 +239,19 @@ def batch_from_records(
     None when the graph produced no ask (nothing was computed)."""
     if len(rec) == 0:
         return None
-    if not rec.flags.c_contiguous:
-        rec = np.ascontiguousarray(rec)
-    own_asks, same, t_ns = records_scan(rec, graph, costs.last_seen)
+    if isinstance(rec, GraphRecords):
+        if rec.graph == graph and costs.all_asks(rec.template):
+            # a repeat of an earlier graph's records (every decode token): the
+            # template's rows are this graph's but for t_ns and graph
+            own_asks, same, t_ns = True, costs.same_as_last(rec.template), rec.t_ns
+            rec = rec.template
+        else:
+            rec = rec.records()
+            own_asks, same, t_ns = records_scan(rec, graph, costs.last_seen)
+    else:
+        if not rec.flags.c_contiguous:
+            rec = np.ascontiguousarray(rec)
+        own_asks, same, t_ns = records_scan(rec, graph, costs.last_seen)
     costs_of: _Costs | None = None
     dones: np.ndarray | None = None
     if own_asks:

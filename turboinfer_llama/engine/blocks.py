@@ -173,6 +173,24 @@ class BlockDecoder:
             self.table,
         )
 
+    def decode_like(self, template: np.ndarray, t_ns: np.ndarray, graph: int) -> NodeBlock:
+        """``decode`` of a graph whose records are ``template``'s with ``t_ns`` and
+        ``graph`` (``engine.hooks.GraphRecords``): the same block, the rows untouched."""
+        last = self._last
+        if last is not None and (last[0] is template or self._same_shape(template, last[0])):
+            code = last[1]
+        else:
+            code = self._codes_of(template)
+            self._last = (template, code)
+        return NodeBlock(
+            t_ns.astype(np.int64),
+            np.full(len(t_ns), graph, dtype=np.int64),
+            template["node"].astype(np.int64),
+            template["phase"] != 0,
+            code,
+            self.table,
+        )
+
     def _codes_of(self, raw: np.ndarray) -> np.ndarray:
         codes, resolve, table = self._codes, self._texts.resolve, self.table
         out = np.empty(len(raw), dtype=np.int64)

@@ -203,6 +203,28 @@ _LIB, _WHY = _load()
 EXECUTOR_AVAILABLE: bool = _LIB is not None
 
 
+def _load_held(lib: ctypes.CDLL | None) -> Any:
+    """``ti_exec_graph_end_at`` bound so that it keeps the GIL (``ctypes.PyDLL``): the
+    engine thread calls it right after ``llama_decode`` returns, and a call that
+    released the GIL handed it to a waiting planner, the engine then waiting for it
+    back for up to the switch interval. It takes only the executor's mutex (held by
+    native code, never across a call into Python) and may write the end-of-graph
+    switch. Falls back to ``lib``'s binding."""
+    if lib is None:
+        return None
+    try:
+        held = ctypes.PyDLL(lib._name)
+        fn = held.ti_exec_graph_end_at
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
+    except (OSError, AttributeError):
+        return lib.ti_exec_graph_end_at
+    return fn
+
+
+_GRAPH_END_AT = _load_held(_LIB)
+
+
 def _require() -> ctypes.CDLL:
     if _LIB is None:
         raise ExecutorError(f"native plan executor unavailable: {_WHY}")
@@ -347,6 +369,10 @@ class NativeExecutor:
         self._engine = threading.RLock()
         self._hooks: list[hooks.NativeHook] = []
         self._buf = np.zeros(min(log_capacity, 4096), dtype=APPLIED_DTYPE)
+        # graph_end's out-parameter, reused (engine thread only, under _engine)
+        self._end_ns = ctypes.c_int64(0)
+        self._end_ref = ctypes.byref(self._end_ns)
+        self._graph_end_at = _GRAPH_END_AT or lib.ti_exec_graph_end_at
         # close, atexit and SIGTERM/SIGINT stop us before the device (guarded earlier)
         # is restored: guards run newest first
         self._guard = RestoreGuard(self.stop, "native plan executor")
@@ -389,10 +415,9 @@ class NativeExecutor:
         """Right after llama_decode returns. Returns the executor's clock (ns) at which
         it ended the graph (a plan retargeted past this graph times its stall switches
         from it)."""
-        t_ns = ctypes.c_int64(0)
         with self._engine:
-            self._lib.ti_exec_graph_end_at(self._h(), ctypes.byref(t_ns))
-        return int(t_ns.value)
+            self._graph_end_at(self._h(), self._end_ref)
+            return int(self._end_ns.value)
 
     def enable_standin(self, memory_share: float = 0.0) -> None:
         """TESTS AND BENCHMARKS ONLY (``hooks/ti_exec.h``): make each graph take the time

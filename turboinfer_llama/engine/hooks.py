@@ -48,7 +48,8 @@ GRANULARITIES = ("graph", "layer", "kernel")
 _GRANULARITY_CODE = {"graph": 0, "layer": 1, "kernel": 2}
 LAYER_OUT_PREFIX = b"l_out-"  # llama.cpp's name for a layer's output node
 MAX_RING_CAPACITY = 1 << 22  # same bound as TI_MAX_CAPACITY in ti_hooks.c
-_DRAIN_CHUNK = 4096  # records copied out of the native ring per call
+_DRAIN_CHUNK = 4096  # records copied out of the native ring per call (drain())
+_TNS_SLAB = 1 << 16  # int64 t_ns per slab drain_graph's repeats are cut from (512 KB)
 
 _OP_LEN = 32  # TI_OP_LEN: stored with a NUL, so at most 31 characters
 _NAME_LEN = 64  # TI_NAME_LEN
@@ -172,6 +173,12 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_hook_destroy", None, [vp]),
             ("ti_hook_begin_graph", ctypes.c_uint64, [vp]),
             ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
+            ("ti_hook_pending", ctypes.c_uint32, [vp]),
+            (
+                "ti_hook_drain_like",
+                ctypes.c_uint32,
+                [vp, vp, ctypes.c_uint32, ctypes.c_uint64, vp],
+            ),
             ("ti_hook_overflow", ctypes.c_uint64, [vp]),
             ("ti_hook_disable", None, [vp]),
             ("ti_record_size", ctypes.c_size_t, []),
@@ -194,6 +201,35 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
 
 _NATIVE_LIB, _NATIVE_WHY = _load_native()
 NATIVE_AVAILABLE: bool = _NATIVE_LIB is not None
+
+
+def _load_held(lib: ctypes.CDLL | None) -> ctypes.PyDLL | None:
+    """The same library's ring calls the engine thread makes between two
+    ``llama_decode`` calls, bound so that they keep the GIL: each is a short copy or
+    compare, takes no lock (``ti_hook_begin_graph``: the executor's mutex, held only
+    by native code for microseconds) and never calls back into Python. A ctypes call
+    that released the GIL there handed it to any thread waiting for it (the planner)
+    and the engine then waited for it back, for up to the switch interval."""
+    if lib is None:
+        return None
+    vp = ctypes.c_void_p
+    try:
+        held = ctypes.PyDLL(lib._name)
+        for name, restype, argtypes in [
+            ("ti_hook_begin_graph", ctypes.c_uint64, [vp]),
+            ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
+            ("ti_hook_pending", ctypes.c_uint32, [vp]),
+            ("ti_hook_drain_like", ctypes.c_uint32, [vp, vp, ctypes.c_uint32, ctypes.c_uint64, vp]),
+        ]:
+            fn = getattr(held, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+    except (OSError, AttributeError):
+        return None
+    return held
+
+
+_HELD_LIB = _load_held(_NATIVE_LIB)
 if not NATIVE_AVAILABLE:
     logger.warning(
         "native eval hooks unavailable (%s); using the pure-Python callback", _NATIVE_WHY
@@ -249,6 +285,38 @@ def records_scan(
     own = bool((rec["graph"] == graph).all() and not rec["phase"].any())
     same = seen is not None and records_same_shape(rec, seen)
     return own, same, rec["t_ns"].astype(np.int64)
+
+
+class GraphRecords:
+    """One graph's records drained as a repeat of an earlier drain (``template``, the
+    ring's records of a graph with the same nodes, shapes, ops and names): record ``i``
+    is ``template[i]`` with ``t_ns[i]`` and ``graph``. What the engine thread takes
+    from the ring at each decode token once shapes repeat (``NativeHook.drain_graph``):
+    8 bytes per record instead of 240, nothing faulted in. ``records()`` gives the
+    very records ``drain_raw`` would have."""
+
+    __slots__ = ("graph", "t_ns", "template")
+
+    def __init__(self, template: np.ndarray, t_ns: np.ndarray, graph: int) -> None:
+        self.template = template  # read-only RECORD_DTYPE rows, shared between drains
+        self.t_ns = t_ns  # int64, one per record
+        self.graph = graph
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+    def records(self) -> np.ndarray:
+        """The records as ``RECORD_DTYPE`` rows (a copy; read-only like a drain's)."""
+        out = np.frombuffer(bytearray(self.template.tobytes()), dtype=RECORD_DTYPE)
+        out["t_ns"] = self.t_ns
+        out["graph"] = self.graph
+        out.setflags(write=False)
+        return out
+
+
+def as_records(raw: np.ndarray | GraphRecords) -> np.ndarray:
+    """A drain's records as ``RECORD_DTYPE`` rows, whichever form it came in."""
+    return raw.records() if isinstance(raw, GraphRecords) else raw
 
 
 def _shape_keys(chunk: np.ndarray) -> list[bytes]:
@@ -359,11 +427,21 @@ class NativeHook:
             raise HookError(f"ti_hook_create failed: {os.strerror(-rc)}")
         self.granularity = granularity
         self._lib = lib
+        self._held = _HELD_LIB or lib  # the engine thread's calls, GIL kept
         self._handle: int | None = handle.value
         self._overflow_at_close = 0
         self._lock = threading.Lock()  # one consumer at a time; close waits for drain
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._buf_addr = self._buf.ctypes.data
+        self._empty = np.zeros(0, dtype=RECORD_DTYPE)
+        self._empty.setflags(write=False)
+        # drain_graph: the last full graph drained (its template) and the int64 slab
+        # repeats' t_ns are cut from (views; a fresh slab when it runs out)
+        self._tpl: np.ndarray | None = None
+        self._tpl_addr = 0
+        self._tns_slab = np.empty(0, dtype=np.int64)
+        self._tns_addr = 0
+        self._tns_pos = 0
         self._decoder = _Decoder(self._shape_from_key)
         self._blocks = BlockDecoder(self._decoder.texts, records_same_shape, _shape_keys)
         self._executor: NativeExecutor | None = None
@@ -373,7 +451,7 @@ class NativeHook:
     def begin_graph(self) -> int:
         if self._handle is None:
             raise HookError("hook is closed")
-        return int(self._lib.ti_hook_begin_graph(self._handle))
+        return int(self._held.ti_hook_begin_graph(self._handle))
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
@@ -388,27 +466,70 @@ class NativeHook:
                     return events
 
     def drain_raw(self) -> np.ndarray:
+        """The pending records, copied out of the ring once, straight into the array
+        returned (read-only); an empty drain allocates nothing."""
         chunks: list[np.ndarray] = []
         with self._lock:
-            if self._handle is None:
-                return self._buf[:0].copy()
-            buf = self._buf
+            handle = self._handle
+            if handle is None:
+                return self._empty
+            lib = self._held
             while True:
-                n = self._lib.ti_hook_drain(self._handle, self._buf_addr, len(buf))
-                # tobytes is one memcpy; ndarray.copy of a structured dtype is ~8x slower
-                chunks.append(np.frombuffer(buf[:n].tobytes(), dtype=RECORD_DTYPE))
-                if n < len(buf):
+                want = lib.ti_hook_pending(handle)
+                if not want:
                     break
+                out = np.empty(want, dtype=RECORD_DTYPE)
+                n = lib.ti_hook_drain(handle, out.ctypes.data, want)
+                out = out[:n]
+                out.setflags(write=False)
+                chunks.append(out)
+                if n < want:
+                    break
+        if not chunks:
+            return self._empty
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
-    def decode_raw(self, raw: np.ndarray) -> list[Event]:
+    def drain_graph(self, graph: int) -> np.ndarray | GraphRecords:
+        """``drain_raw`` at the end of graph ``graph``: when its records repeat the last
+        full drain's in everything but their times (every decode token), only their
+        t_ns are copied out (``GraphRecords``); otherwise the records, which become the
+        template for the next graphs."""
+        tpl = self._tpl
+        if tpl is not None:
+            n = len(tpl)
+            with self._lock:
+                handle = self._handle
+                if handle is None:
+                    return self._empty
+                pos = self._tns_pos
+                if pos + n > len(self._tns_slab):
+                    self._tns_slab = np.empty(max(n, _TNS_SLAB), dtype=np.int64)
+                    self._tns_addr = self._tns_slab.ctypes.data
+                    pos = 0
+                got = self._held.ti_hook_drain_like(
+                    handle, self._tpl_addr, n, graph, self._tns_addr + 8 * pos
+                )
+                if got:
+                    self._tns_pos = pos + n
+                    t_ns = self._tns_slab[pos : pos + n]
+                    t_ns.setflags(write=False)  # shared: the timeline and the planner
+                    return GraphRecords(tpl, t_ns, graph)
+        raw = self.drain_raw()
+        if len(raw):
+            self._tpl = raw
+            self._tpl_addr = raw.ctypes.data
+        return raw
+
+    def decode_raw(self, raw: np.ndarray | GraphRecords) -> list[Event]:
         out: list[Event] = []
-        self._decode(raw, out)
+        self._decode(as_records(raw), out)
         return out
 
-    def decode_block(self, raw: np.ndarray) -> NodeBlock:
+    def decode_block(self, raw: np.ndarray | GraphRecords) -> NodeBlock:
         """``decode_raw`` as arrays (engine.blocks): the same events, built only when
         read (``NodeBlock.events``)."""
+        if isinstance(raw, GraphRecords):
+            return self._blocks.decode_like(raw.template, raw.t_ns, raw.graph)
         return self._blocks.decode(raw)
 
     def _decode(self, chunk: np.ndarray, out: list[Event]) -> None:
@@ -602,6 +723,7 @@ __all__ = [
     "NATIVE_AVAILABLE",
     "RECORD_DTYPE",
     "EvalHook",
+    "GraphRecords",
     "HookError",
     "NativeHook",
     "PythonHook",
