@@ -630,7 +630,9 @@ class TubeMPC:
             # on a loaded host a probe slowed by the load set it far above what the
             # plans predict, so every plan looked faster than the reference (debt -110
             # ms after 25 graphs, every later graph at the bottom level, +10-15%
-            # simulated TPOT per request at a 2% budget)
+            # simulated TPOT per request at a 2% budget). A graph with no plan of its
+            # own (a top-level probe, the first graphs, a late plan's fallback) adds
+            # neither debt nor reference
             p = self._planned.get(b.graph)
             if p is not None:
                 self._account(phase, p.ref_ns + max(p.excess_ns, 0.0), p.ref_ns)
