@@ -31,8 +31,8 @@ def _llama(model: Path, node: Path) -> Llama:
 def _generate(llm: Llama, inject, at: int) -> int:
     """Generate TOKENS tokens (EOS banned); ``inject`` runs inside the engine's event
     stream after token ``at``. Returns the tokens generated."""
-    real = llm.power._real
-    on_event = real.on_event
+    loop = llm.power._real.engine  # the live loop the session calls on the engine thread
+    on_event = loop.on_event
     seen = [0]
 
     def spy(event) -> None:
@@ -42,7 +42,7 @@ def _generate(llm: Llama, inject, at: int) -> int:
             if seen[0] == at:
                 inject()
 
-    real.on_event = spy
+    loop.on_event = spy
     before = llm.power.stats()["tokens"]
     out = llm.create_completion(
         "hello world",
