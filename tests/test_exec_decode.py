@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_hooks_decode import hooked_context
 
 from turboinfer_llama.control.plan import Anchor, Plan, Switch
 from turboinfer_llama.engine import executor as native_exec
@@ -49,13 +50,7 @@ def decode_with_executor(
     assert isinstance(hook, hooks.NativeHook)
     ex = native_exec.NativeExecutor(LEVELS, native_exec.RecordActuator())
     hook.attach_executor(ex)
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 64
-    params.n_threads = params.n_threads_batch = 1
-    params.cb_eval = hook.cb_eval
-    params.cb_eval_user_data = hook.user_data
-    ctx = llama_cpp.llama_init_from_model(model, params)
-    assert ctx
+    ctx = hooked_context(model, hook)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     out = []
     tokens = PROMPT

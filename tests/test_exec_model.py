@@ -41,6 +41,11 @@ class Step:
     arg2: Any = None
 
 
+def graph(seq: int) -> list[Step]:
+    """Graph ``seq`` begun, its nodes 0-3 asked and done, ended."""
+    return [Step("begin", seq), *nodes(0, 3, done=True), Step("end")]
+
+
 def nodes(first: int, last: int, *, done: bool, gap_ms: float = 0.0) -> list[Step]:
     out: list[Step] = []
     for n in range(first, last + 1):
@@ -290,9 +295,7 @@ def test_late_plan_falls_back_then_collapses_passed_switches() -> None:
     )
     steps = [
         Step("plan", p1),
-        Step("begin", 1),
-        *nodes(0, 3, done=True),
-        Step("end"),
+        *graph(1),
         Step("begin", 2),  # no plan pending: fallback level 1, counted late
         *nodes(0, 5, done=True),
         Step("plan", late),  # arrives while graph 2 runs, after node 5
@@ -325,9 +328,7 @@ def test_a_plan_solved_while_a_later_graph_runs_is_for_the_graph_after_it() -> N
     )
     steps = [
         Step("plan", p1),
-        Step("begin", 1),
-        *nodes(0, 3, done=True),
-        Step("end"),
+        *graph(1),
         Step("sleep", 20),
         Step("begin", 2),  # no plan for it: the fallback level, counted late
         *nodes(0, 3, done=True),
@@ -361,16 +362,12 @@ def test_a_plan_solved_after_a_graph_goes_past_the_one_begun() -> None:
     nxt = Plan(first_level=3, end_level=0, fallback_level=3, after_graph=1)
     steps = [
         Step("plan", p1),
-        Step("begin", 1),
-        *nodes(0, 3, done=True),
-        Step("end"),
+        *graph(1),
         Step("begin", 2),
         Step("plan", nxt),
         *nodes(0, 3, done=True),
         Step("end"),
-        Step("begin", 3),
-        *nodes(0, 3, done=True),
-        Step("end"),
+        *graph(3),
     ]
     log, _, status = compare(steps)
     assert sources(log) == [
@@ -395,9 +392,7 @@ def test_the_begun_graphs_plan_is_kept_when_the_next_ones_arrives_before_its_fir
     for_4 = Plan(first_level=4, end_level=0, fallback_level=4, after_graph=2)
     steps = [
         Step("plan", p1),
-        Step("begin", 1),
-        *nodes(0, 3, done=True),
-        Step("end"),
+        *graph(1),
         Step("begin", 2),
         *nodes(0, 2, done=True),
         Step("plan", for_3),
@@ -406,9 +401,7 @@ def test_the_begun_graphs_plan_is_kept_when_the_next_ones_arrives_before_its_fir
         Step("plan", for_4),
         *nodes(0, 3, done=True),
         Step("end"),
-        Step("begin", 4),
-        *nodes(0, 3, done=True),
-        Step("end"),
+        *graph(4),
     ]
     log, _, status = compare(steps)
     assert sources(log) == [

@@ -44,8 +44,8 @@ def model(tiny_gguf: Path) -> Iterator[ctypes.c_void_p]:
     llama_cpp.llama_model_free(m)
 
 
-def generate(model: ctypes.c_void_p, hook: hooks.EvalHook | None, n_gen: int = N_GEN) -> Run:
-    """Greedy decode, draining the hook after each llama_decode."""
+def hooked_context(model: ctypes.c_void_p, hook: hooks.EvalHook | None) -> ctypes.c_void_p:
+    """A small one-thread llama context on ``model`` with ``hook``'s eval callback."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = params.n_batch = params.n_ubatch = 64
     params.n_threads = params.n_threads_batch = 1
@@ -54,6 +54,12 @@ def generate(model: ctypes.c_void_p, hook: hooks.EvalHook | None, n_gen: int = N
         params.cb_eval_user_data = hook.user_data
     ctx = llama_cpp.llama_init_from_model(model, params)
     assert ctx
+    return ctx
+
+
+def generate(model: ctypes.c_void_p, hook: hooks.EvalHook | None, n_gen: int = N_GEN) -> Run:
+    """Greedy decode, draining the hook after each llama_decode."""
+    ctx = hooked_context(model, hook)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     run = Run(tokens=[])
     batch_tokens = PROMPT

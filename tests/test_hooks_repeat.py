@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_hooks_decode import PROMPT, model  # noqa: F401 (the module's fixture)
+from test_hooks_decode import PROMPT, hooked_context, model  # noqa: F401 (the module's fixture)
 
 from turboinfer_llama._clock import now_ns
 from turboinfer_llama.control.governor import _Wakeup
@@ -31,13 +31,7 @@ def _run(mdl: ctypes.c_void_p, granularity: str, repeat: bool, misname: int = -1
         pytest.skip(f"native hooks not built: {hooks._NATIVE_WHY}")
     hook = hooks.make_hook(granularity, 1 << 14)
     assert isinstance(hook, hooks.NativeHook)
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 64
-    params.n_threads = params.n_threads_batch = 1
-    params.cb_eval = hook.cb_eval
-    params.cb_eval_user_data = hook.user_data
-    ctx = llama_cpp.llama_init_from_model(mdl, params)
-    assert ctx
+    ctx = hooked_context(mdl, hook)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(mdl))
     steps: list[tuple] = []
     tokens = PROMPT

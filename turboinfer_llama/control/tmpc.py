@@ -564,7 +564,7 @@ class TubeMPC:
                 b.c_ns, b.m_ns, b.launch, starts, ends, seg_t, seg_hz, pm.theta_now(),
                 pm.f_max_hz, self.levels_hz, *pm.coupling_table,
             )  # fmt: skip
-            self._note_levels(phase, obs.level_ns)
+            lowest_here = self._note_levels(phase, obs.level_ns)
             g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
             pred = self._planned.get(b.graph)
             if self.clock_coupled and pred is not None and pred.n == g.n and pred.predicted_ns > 0:
@@ -609,9 +609,7 @@ class TubeMPC:
             if self._default_bound is not None:
                 lo_meas, busy_meas = self._measured_bounds(starts, ends, measured)
                 if phase == "decode":
-                    tot = float(obs.level_ns.sum())
-                    big = np.nonzero(obs.level_ns >= SEEN_SHARE * tot)[0]
-                    self._last_min_level = int(big[0]) if tot > 0 and len(big) else self.top
+                    self._last_min_level = lowest_here
                 ref = self._bound_reference(phase, g, host, ref, lo_meas, busy_meas)
             if phase == "prefill":
                 if self._followed_envelope(int(b.t_first_ns), int(b.t_end_ns)):
@@ -827,15 +825,19 @@ class TubeMPC:
             return None
         return bound.level_hi()
 
-    def _note_levels(self, phase: str, level_ns: np.ndarray) -> None:
+    def _note_levels(self, phase: str, level_ns: np.ndarray) -> int:
         """Remember the lowest level this graph spent at least ``SEEN_SHARE`` of its
-        kernel time at (``level_ns``: its time per level)."""
+        kernel time at (``level_ns``: its time per level), and return it (the top level
+        where there is none)."""
         total = float(level_ns.sum())
         if total <= 0:
-            return
+            return self.top
         seen = np.nonzero(level_ns >= SEEN_SHARE * total)[0]
-        if len(seen):
-            self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), int(seen[0]))
+        if not len(seen):
+            return self.top
+        lowest = int(seen[0])
+        self._lowest_seen[phase] = min(self._lowest_seen.get(phase, self.top), lowest)
+        return lowest
 
     def _seen_for(self, phase: str) -> int:
         """The levels below this one are taken at their worst case (:meth:`_cautious`)."""

@@ -603,37 +603,36 @@ class Timeline:
             cut[1:m] = (span * csum / total).astype(np.int64)
             kt = t0 + cut[:-1]
             kd = np.diff(cut)
-        t_col = np.empty(rows, dtype=np.int64)
-        d_col = np.empty(rows, dtype=np.int64)
-        req = np.full(rows, g.request, dtype=np.int64)
-        tok = np.full(rows, g.token, dtype=np.int64)
-        gr = np.empty(rows, dtype=np.int64)
-        nd = np.empty(rows, dtype=np.int64)
-        ly = np.empty(rows, dtype=np.int64)
-        meta = np.empty(rows, dtype=np.int32)
+        cols = self._blank_columns(rows)
         if submit:
-            req[0] = self._request  # a stall carries the current ones
-            tok[0] = self._token
-            gr[0] = nd[0] = ly[0] = -1
-            self._submit_row(t_col, d_col, meta, g, t0, phase)
-        t_col[submit:] = kt
-        d_col[submit:] = kd
-        gr[submit:] = b.graph
-        nd[submit:] = b.node
-        ly[submit:] = klayers
-        meta[submit:] = kmeta
+            self._submit_row(cols.t_ns, cols.dur_ns, cols.meta, g, t0, phase)
+        k = slice(submit, rows)
+        cols.t_ns[k] = kt
+        cols.dur_ns[k] = kd
+        cols.request[k] = g.request
+        cols.token[k] = g.token
+        cols.graph[k] = b.graph
+        cols.node[k] = b.node
+        cols.layer[k] = klayers
+        cols.meta[k] = kmeta
         self.kernel_ns += span  # the shares add up to the span
         self.kernel_count += m
         self._last_kernel_end_ns = end_ns
+        return cols
+
+    def _blank_columns(self, rows: int) -> SegmentColumns:
+        """``rows`` rows of a graph's columns to fill: request and token the current
+        ones and graph, node and layer -1 (what a stall row carries), times and meta
+        unset."""
         return SegmentColumns(
-            t_ns=t_col,
-            dur_ns=d_col,
-            request=req,
-            token=tok,
-            graph=gr,
-            node=nd,
-            layer=ly,
-            meta=meta,
+            t_ns=np.empty(rows, dtype=np.int64),
+            dur_ns=np.empty(rows, dtype=np.int64),
+            request=np.full(rows, self._request, dtype=np.int64),
+            token=np.full(rows, self._token, dtype=np.int64),
+            graph=np.full(rows, -1, dtype=np.int64),
+            node=np.full(rows, -1, dtype=np.int64),
+            layer=np.full(rows, -1, dtype=np.int64),
+            meta=np.empty(rows, dtype=np.int32),
             table=self._seg_table,
         )
 
@@ -702,25 +701,19 @@ class Timeline:
         n_inter = int(cum_inter[-1])
         rows = submit + m + n_inter
         kpos = st.arange + submit + cum_inter[run_of] if n_inter else None
-        t_col = np.empty(rows, dtype=np.int64)
-        d_col = np.empty(rows, dtype=np.int64)
-        req = np.full(rows, self._request, dtype=np.int64)  # stalls: the current ones
-        tok = np.full(rows, self._token, dtype=np.int64)
-        gr = np.full(rows, -1, dtype=np.int64)
-        nd = np.full(rows, -1, dtype=np.int64)
-        ly = np.full(rows, -1, dtype=np.int64)
-        meta = np.empty(rows, dtype=np.int32)
+        cols = self._blank_columns(rows)
+        t_col, d_col, meta = cols.t_ns, cols.dur_ns, cols.meta
         phase = g.phase
         if submit:
             self._submit_row(t_col, d_col, meta, g, int(ta[0]), phase)
         at: Any = kpos if kpos is not None else slice(submit, rows)
         t_col[at] = kt
         d_col[at] = kd
-        req[at] = g.request
-        tok[at] = g.token
-        gr[at] = graph_all[a_idx]
-        nd[at] = st.na
-        ly[at] = st.layers
+        cols.request[at] = g.request
+        cols.token[at] = g.token
+        cols.graph[at] = graph_all[a_idx]
+        cols.node[at] = st.na
+        cols.layer[at] = st.layers
         meta[at] = st.meta
         self.kernel_ns += int(kd.sum())
         self.kernel_count += m
@@ -734,17 +727,7 @@ class Timeline:
             self.stall_ns["inter_kernel"] += int(gap.sum())
             self.stall_count["inter_kernel"] += n_inter
         self._last_kernel_end_ns = int(run_end_t[-1])
-        return SegmentColumns(
-            t_ns=t_col,
-            dur_ns=d_col,
-            request=req,
-            token=tok,
-            graph=gr,
-            node=nd,
-            layer=ly,
-            meta=meta,
-            table=self._seg_table,
-        )
+        return cols
 
     def _structure(
         self,
