@@ -142,3 +142,32 @@ def test_tmpc_spends_the_slow_default_and_keeps_its_budget():
         assert ref * tpot / (ref + debt) <= 1.0
     # measured: -28.2% without the bound, -7.0% with it
     assert saving[True] >= saving[False] + 0.1, saving
+
+
+def test_a_pooled_bound_takes_one_timer_phase_for_the_whole_run():
+    """Decode graphs pool their budget over the run, and the default's timer keeps one
+    phase throughout: their bound grows by the least of the timelines' totals, not by
+    each graph's least (which takes the fastest phase anew for every graph). Checked
+    against the timelines' own totals, on graphs whose busy share and gaps vary so that
+    the phases fall out of step."""
+    rng = np.random.default_rng(5)
+    pooled, per_graph = _bound(), _bound()
+    totals = np.zeros(len(per_graph._tl))
+    sum_least = grew = 0.0
+    for _ in range(80):
+        dur, _ = _compute_bound_graph(float(rng.uniform(3.0, 12.0)))
+        share = np.full(len(LEVELS_HZ), float(rng.uniform(0.5, 1.0)))
+        gap = float(rng.uniform(1.0, 30.0)) * MS
+        pooled.idle(gap)
+        per_graph.idle(gap)
+        lo = dur
+        want_next = float((totals + [lo[tl.level] for tl in per_graph._tl]).min() - totals.min())
+        assert pooled.next_lo(lo) == pytest.approx(want_next)
+        grew += pooled.graph(dur, share, lo, pooled=True)
+        got = np.array([per_graph._run(tl, dur, share, lo) for tl in per_graph._tl])
+        totals += got
+        sum_least += got.min()
+    assert grew == pytest.approx(totals.min())
+    # tighter than the per-graph least here, and still a bound of every timeline's total
+    assert grew > sum_least
+    assert grew <= totals.max()

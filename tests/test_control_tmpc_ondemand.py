@@ -91,3 +91,38 @@ def test_tmpc_keeps_up_with_the_phase_baseline_on_a_simple_ondemand_profile(prof
     tmpc = got["tmpc"]
     assert tmpc.tpot_ms <= base.tpot_ms * (1 + slack + 0.002)
     assert tmpc.ttft_ms <= base.ttft_ms * (1 + slack + 0.002)
+
+
+@pytest.mark.parametrize("refit", [True, False])
+def test_tmpc_finds_the_clocks_effect_on_a_gpu_unlike_the_reference_machine(refit, monkeypatch):
+    """The decode model's prior is the reference machine's balance (``engine.graph``);
+    the simulated Mali-G76 computes 3.4x slower. Judged memory-bound at the prior, its
+    kernels gave the RLS no compute regressor, so the compute efficiency stayed at the
+    prior and the memory one grew instead (gemma on sim:mali-g76: 1.15 against 3.39
+    true; a graph at 200 MHz predicted 1.16x its top-level time against 2.87x). With
+    the refit the compute efficiency lands within 20% of the profile's; without it
+    (the trap, shown so this test can fail) it stays under half of it."""
+    from turboinfer_llama.control import model as model_mod
+    from turboinfer_llama.engine.graph import REF_OPS_PER_S
+
+    if not refit:
+        monkeypatch.setattr(model_mod, "REFIT_RESID", float("inf"))
+    prof = load_profile("mali-g76")
+    trace = make_trace(
+        requests=2, decode_tokens=64, prompt_tokens=16, sample_ms=1.5, idle_ms=50, seed=2
+    )
+    dev = SimGpu(prof)
+    ctl = make_controller(
+        "tmpc", latency_slack=0.02, **for_device(dev), trace=trace,
+        device_factory=lambda: SimGpu(prof),
+    )  # fmt: skip
+    replay(trace, ctl, dev, hold=True)
+    pm = ctl.model.phases["decode"]
+    top_ops_per_s = prof.peak_ops_per_cycle * prof.compute_efficiency * max(prof.levels_hz)
+    true_c = REF_OPS_PER_S / top_ops_per_s  # the profile's compute time over the reference's
+    if refit:
+        assert pm.refits >= 1
+        assert pm.theta[0] == pytest.approx(true_c, rel=0.2)
+    else:
+        assert pm.refits == 0
+        assert pm.theta[0] < 0.5 * true_c

@@ -94,6 +94,9 @@ class OndemandBound:
         step = self.poll_ns / n_phases
         start = self.top if initial_level is None else int(initial_level)
         self._tl = [_Timeline((k + 1) * step, start) for k in range(n_phases)]
+        # each timeline's total lower-bound time of the pooled graphs, and its least
+        self._total_ns = np.zeros(len(self._tl))
+        self._least_ns = 0.0
         for tl in self._tl:
             # the first poll's window began before the run: taken as busy throughout
             tl.win_t0 = tl.next_poll - self.poll_ns
@@ -236,16 +239,36 @@ class OndemandBound:
             tl.level, tl.drop_at = self.top, np.inf
             self._run(tl, dur_ns, busy_share, dur_ns)
 
-    def graph(self, dur_ns: np.ndarray, busy_share: np.ndarray, lo_ns: np.ndarray) -> float:
-        """A decode graph: its lower-bound time in the default's run (the least over
-        the timer phases)."""
-        return min(self._run(tl, dur_ns, busy_share, lo_ns) for tl in self._tl)
+    def graph(
+        self,
+        dur_ns: np.ndarray,
+        busy_share: np.ndarray,
+        lo_ns: np.ndarray,
+        *,
+        pooled: bool = False,
+    ) -> float:
+        """A graph: its lower-bound time in the default's run, the least over the timer
+        phases. ``pooled`` (decode graphs, whose budget is kept over the run): the
+        growth of the least *total* over the pooled graphs so far instead. The timer
+        has one phase for the whole run, so the default's total is at least the least
+        of the timelines' totals -- not only the sum of each graph's least, which takes
+        the fastest phase anew for every graph (sim mali-g76, 92 decode graphs: 3.71 s
+        against 3.60 s, the default's own ~3.97 s)."""
+        got = np.array([self._run(tl, dur_ns, busy_share, lo_ns) for tl in self._tl])
+        if not pooled:
+            return float(got.min())
+        self._total_ns += got
+        least = float(self._total_ns.min())
+        grew, self._least_ns = least - self._least_ns, least
+        return grew
 
     def level_hi(self) -> int:
         """The highest level any timeline is at now."""
         return max(tl.level for tl in self._tl)
 
     def next_lo(self, lo_ns: np.ndarray) -> float:
-        """Lower-bound time of a graph with times ``lo_ns`` run at each timeline's
-        present level (the next graph's, were no poll to come first)."""
-        return min(float(lo_ns[tl.level]) for tl in self._tl)
+        """Lower-bound time of a pooled graph with times ``lo_ns`` run at each
+        timeline's present level (the next graph's, were no poll to come first): the
+        growth of the least total, as :meth:`graph` gives it."""
+        nxt = self._total_ns + np.array([float(lo_ns[tl.level]) for tl in self._tl])
+        return float(nxt.min()) - self._least_ns

@@ -23,13 +23,22 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from ..devices.base import Counters
 from ..engine.graph import REF_BYTES_PER_S, REF_OPS_PER_S
-from .plan_native import coupling_of, features_numpy, kernel_times_numpy, rls_step
+from .plan_native import (
+    LAUNCH_NS,
+    coupling_of,
+    features_numpy,
+    kernel_times_numpy,
+    mean_hz_numpy,
+    rls_step,
+)
 
 # The floor term th_o is in units of 1 us (plan_native.LAUNCH_NS). Its prior ``th_o =
 # 3`` (3 us) is a typical mobile-GPU minimum kernel time; it must not start far below
@@ -37,6 +46,48 @@ from .plan_native import coupling_of, features_numpy, kernel_times_numpy, rls_st
 # lower bounds of (th_c, th_m, th_x, th_o, th_d): efficiencies stay positive, the
 # coupling may be absent
 _TH_MIN = np.array([0.05, 0.05, 0.05, 0.05, 0.0])
+_TH_MAX = 20.0
+
+# Refit (PhaseModel.refit): the RLS is linear only given which side of each roofline a
+# node is on, and that is judged at the current estimate. Started on the wrong side
+# (a GPU whose compute is 3x slower than the reference machine's, taken as memory-
+# bound) it never leaves: the compute regressor of a node judged memory-bound is 0, so
+# the compute efficiency cannot move, and the memory one grows instead (sim mali-g76:
+# th_c 1.15 / th_m 2.3 learnt against 3.39 / 1.31 true; a graph at 200 MHz predicted
+# 1.16x its top-level time against 2.87x). So, while the recent fit is poor, the last
+# graphs are fitted again over a grid of compute and memory efficiencies around the
+# estimate, every side judged afresh for each candidate.
+REFIT_KEEP = 12  # graphs kept for a refit
+REFIT_EVERY = 8  # updates between two refits at least
+REFIT_MIN_GRAPHS = 6  # graphs needed, at clocks at least REFIT_CLOCK_SPREAD apart
+REFIT_CLOCK_SPREAD = 1.15
+REFIT_RESID = 0.05  # mean |relative residual| above which the fit may be stuck
+REFIT_GAIN = 0.5  # a candidate replaces the estimate below this share of its error
+REFIT_FACTORS = np.array([0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0])
+REFIT_FINE = np.array([0.8, 0.87, 0.93, 1.0, 1.07, 1.15, 1.23])  # around the best
+
+
+def _least_nearest(err: np.ndarray, cand_c: np.ndarray, cand_m: np.ndarray, th: np.ndarray) -> int:
+    """The candidate of least error; among those equal to it but for rounding (a side
+    no node is on leaves its efficiency free), the nearest to the estimate ``th``, so
+    that rounding never picks."""
+    tie = err <= err.min() * (1.0 + 1e-9) + 1e-12
+    dist = np.abs(np.log(cand_c / th[0])) + np.abs(np.log(cand_m / th[1]))
+    return int(np.flatnonzero(tie)[np.argmin(dist[tie])])
+
+
+class FitGraph(NamedTuple):
+    """One graph kept for a refit: its nodes' work and spans, the clock over them
+    (boundaries and the clock between), and its measured busy time, ns."""
+
+    c_ns: np.ndarray
+    m_ns: np.ndarray
+    launch: np.ndarray
+    starts_ns: np.ndarray
+    ends_ns: np.ndarray
+    seg_t_ns: np.ndarray
+    seg_hz: np.ndarray
+    busy_ns: float
 
 
 @dataclass(frozen=True)
@@ -166,6 +217,10 @@ class PhaseModel:
         self.P = self._p0.copy()
         self.n_obs = 0
         self.last_residual = 0.0
+        self._recent: deque[FitGraph] = deque(maxlen=REFIT_KEEP)
+        self._resid_mean = 0.0  # EWMA of |relative residual|
+        self._since_refit = 0
+        self.refits = 0  # times a refit replaced the estimate
 
     def features(
         self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, f_hz: np.ndarray | float
@@ -200,17 +255,80 @@ class PhaseModel:
             th = self.theta = np.append(th, 0.0)
         return th
 
-    def update(self, x: np.ndarray, y_ns: float) -> None:
+    def update(self, x: np.ndarray, y_ns: float, graph: FitGraph | None = None) -> None:
         """One observation: regressors ``x`` took ``y_ns``. The row is scaled by
         ``1/y_ns`` (relative-error least squares), so graphs and kernels of any size
-        move the estimate alike."""
+        move the estimate alike. ``graph``: the same observation node by node, kept
+        for :meth:`refit`."""
         if y_ns <= 0:
             return
         self.theta, self.P, err = rls_step(
-            self._th(), self.P, x, y_ns, self.forget, _TH_MIN, 20.0, self._p0_trace
+            self._th(), self.P, x, y_ns, self.forget, _TH_MIN, _TH_MAX, self._p0_trace
         )
         self.n_obs += 1
         self.last_residual = err
+        self._resid_mean = 0.7 * self._resid_mean + 0.3 * abs(err)
+        self._since_refit += 1
+        if graph is not None:
+            self._recent.append(graph)
+
+    def refit_due(self) -> bool:
+        """The recent fit is poor and enough graphs at different clocks are kept for
+        :meth:`refit` to tell the roofline's sides apart."""
+        if self._since_refit < REFIT_EVERY or self._resid_mean < REFIT_RESID:
+            return False
+        if len(self._recent) < REFIT_MIN_GRAPHS:
+            return False
+        clocks = [float(g.seg_hz.mean()) for g in self._recent]
+        return max(clocks) >= REFIT_CLOCK_SPREAD * min(clocks)
+
+    def refit(self) -> bool:
+        """Fit the kept graphs again over a grid of compute and memory efficiencies
+        (``REFIT_FACTORS`` times the estimate's, the other terms kept), each node's side
+        judged at each candidate; take the best where its squared relative error is
+        under ``REFIT_GAIN`` of the estimate's, and re-open the estimator from it.
+        Returns whether the estimate changed."""
+        self._since_refit = 0
+        th = self._th()
+        cand_c, cand_m, err = self._grid_error(th, th[0] * REFIT_FACTORS, th[1] * REFIT_FACTORS)
+        here = int(np.argmin(np.abs(cand_c - th[0]) + np.abs(cand_m - th[1])))
+        best = _least_nearest(err, cand_c, cand_m, th)
+        if err[best] >= REFIT_GAIN * err[here]:
+            return False
+        # then a finer grid around the best (the RLS refines only a side a node is on)
+        fine_c, fine_m, fine_err = self._grid_error(
+            th, cand_c[best] * REFIT_FINE, cand_m[best] * REFIT_FINE
+        )
+        k = _least_nearest(fine_err, fine_c, fine_m, th)
+        self.theta = th.copy()
+        self.theta[0], self.theta[1] = fine_c[k], fine_m[k]
+        self.P = self._p0.copy()
+        self._resid_mean = 0.0
+        self.refits += 1
+        return True
+
+    def _grid_error(
+        self, th: np.ndarray, tc: np.ndarray, tm: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every pair of compute (``tc``) and memory (``tm``) efficiencies, with ``th``'s
+        other terms: the pairs and their summed squared relative error over the kept
+        graphs."""
+        tc = np.clip(tc, _TH_MIN[0], _TH_MAX)
+        tm = np.clip(tm, _TH_MIN[1], _TH_MAX)
+        cand_c = np.repeat(tc, len(tm))
+        cand_m = np.tile(tm, len(tc))
+        err = np.zeros(len(cand_c))
+        for g in self._recent:
+            f = mean_hz_numpy(g.starts_ns, g.ends_ns, g.seg_t_ns, g.seg_hz)
+            cf = g.c_ns * (self.f_max_hz / f)
+            md = g.m_ns * coupling_of(f, self.f_max_hz, self._lv, self._extra)
+            a = cf[:, None] * cand_c[None, :]
+            b = g.m_ns[:, None] * cand_m[None, :] + (th[4] * md)[:, None]
+            t = np.maximum(a, b)
+            t += th[2] * np.minimum(a, b)
+            np.maximum(t, (th[3] * LAUNCH_NS * g.launch)[:, None], out=t)
+            err += (t.sum(axis=0) / g.busy_ns - 1.0) ** 2
+        return cand_c, cand_m, err
 
     def reopen(self) -> None:
         """Forget confidence (not the estimate): the workload changed."""

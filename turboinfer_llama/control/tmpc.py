@@ -34,8 +34,8 @@ its busy time above by the model (plus the tube) and the measured time
 (``_measured_bounds``). Where that bound puts the default below the level the last
 decode graph ran at, the next runs wholly at the bound's level (``_envelope_probe``): it
 is no slower than the default there, so it costs no debt, and it measures the level;
-and wherever running the next decode graph wholly at the bound's level is predicted no
-dearer than the solved plan, it runs there (a reference a little below that level's own
+and wherever running the next decode graph wholly at the bound's level is predicted
+cheaper than the solved plan, it runs there (a reference a little below that level's own
 time otherwise makes the plan mix in higher levels, at a higher cost). While the bound
 sets the reference clear of the top level's time (``PROBE_SKIP_MARGIN``) no top-level
 probe runs (``probe_due``). A request's prompt follows the bound's *envelope*
@@ -129,7 +129,7 @@ from . import plan_native
 from .default_bound import OndemandBound
 from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
-from .model import PowerTable, WorkloadModel
+from .model import FitGraph, PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
 from .reference import ShadowParams
 from .tmpc_solver import (
@@ -169,6 +169,16 @@ class CautiousTables(NamedTuple):
     energy_j: np.ndarray
     block_ns: np.ndarray
     block_energy_j: np.ndarray
+
+
+class _Probe(NamedTuple):
+    """A graph run wholly at the top level: its measured ns, its regressors at the top
+    clock, its host ns and its nodes' work (compute ns, memory ns, launches)."""
+
+    measured_ns: float
+    x: np.ndarray
+    host_ns: float
+    work: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class _Planned(NamedTuple):
@@ -238,6 +248,7 @@ class TubeMPC:
         # far below any real difference and far above rounding)
         self._order_pref = 1e-3 * (self.top - self.combos[:, 0]).astype(np.float64)
         self.gain = feedback_gain
+        self._tube_q = tube_quantile
         self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
         self._templates: dict[str, PhaseTemplate] = {}
         self._time_scale: dict[str, float] = {}
@@ -251,7 +262,7 @@ class TubeMPC:
         self._initial = self.top if init is None else int(np.argmin(np.abs(self.levels_hz - init)))
         # per phase: recent graphs run wholly at the top level (measured ns, their
         # regressors, host ns); graphs since the last, per phase
-        self._top_probe: dict[str, deque[tuple[float, np.ndarray, float]]] = {}
+        self._top_probe: dict[str, deque[_Probe]] = {}
         # per phase: the lowest level a graph has spent a good share of its time at;
         # levels below it enter the solve at their worst case (see _cautious)
         self._lowest_seen: dict[str, int] = {}
@@ -556,6 +567,19 @@ class TubeMPC:
             self._default_bound.idle(b.t_first_ns - self._t_end_prev)
         if b.n and measured > 0:
             pm = self.model.phases[phase]
+            if pm.refit_due() and pm.refit():
+                # the model's slowdown was wrong, so what was learnt against it is too:
+                # the gain, the time scale, and the errors of plans made with it
+                self._slow_gain = 1.0
+                self._time_scale.pop(phase, None)
+                self.rel_err = StallStats(window=64, quantile=self._tube_q, prior_ns=0.05)
+                self._gain_err = StallStats(window=32, quantile=self._tube_q, prior_ns=1.0)
+                # a probe's regressors sort its nodes by the model's sides: sort again
+                probes = self._top_probe.get(phase)
+                if probes:
+                    fresh = [pr._replace(x=pm.features(*pr.work, pm.f_max_hz)) for pr in probes]
+                    probes.clear()
+                    probes.extend(fresh)
             starts, ends = self._node_spans(b)
             seg_t, seg_hz = self._clock_segments(starts, ends)
             # each node's mean clock, the time per level, the model's regressors at
@@ -584,7 +608,9 @@ class TubeMPC:
             else:
                 busy_ns, host = float(busy), float(measured - busy)
             x = obs.x
-            pm.update(x, busy_ns)
+            pm.update(
+                x, busy_ns, FitGraph(b.c_ns, b.m_ns, b.launch, starts, ends, seg_t, seg_hz, busy_ns)
+            )
             # this measurement against the (updated) model's time at the clocks each
             # node really ran at (the regressors as classified before the update: one
             # RLS step moves the roofline's sides by far less than they differ)
@@ -604,7 +630,9 @@ class TubeMPC:
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
-            ref = self._reference_ns(phase, x, obs.min_hz, measured, host, top_ns)
+            ref = self._reference_ns(
+                phase, x, obs.min_hz, measured, host, top_ns, (b.c_ns, b.m_ns, b.launch)
+            )
             self._last_ref_ns[phase] = ref
             if self._default_bound is not None:
                 lo_meas, busy_meas = self._measured_bounds(starts, ends, measured)
@@ -654,6 +682,7 @@ class TubeMPC:
         measured: float,
         host: float,
         top_ns: float,
+        work: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> float:
         """The latency reference of one graph: what it takes at the top level.
 
@@ -670,12 +699,14 @@ class TubeMPC:
 
         ``x``: the graph's regressors (at the clocks it ran at); ``min_hz``: the lowest
         mean clock any of its nodes ran at; ``top_ns``: the current model's time of
-        this graph at the top level, host time included."""
+        this graph at the top level, host time included; ``work``: its nodes' compute
+        and memory times and launches (to sort a probe's nodes again after a refit)."""
         pm = self.model.phases[phase]
         if min_hz >= self.levels_hz[self.top] * 0.999:
             # a probe keeps its regressors (at the top clock), so its top-level time can
             # be re-evaluated under the current model for a 5-vector product
-            self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append((measured, x, host))
+            probe = _Probe(measured, x, host, work)
+            self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append(probe)
             self._since_probe[phase] = 0
             return measured
         self._since_probe[phase] = self._since_probe.get(phase, 0) + 1
@@ -690,7 +721,7 @@ class TubeMPC:
         th = pm.theta
         scaled = sorted(
             t_meas * top_ns / max(float(x_probe @ th) + host_probe, 1.0)
-            for t_meas, x_probe, host_probe in probes
+            for t_meas, x_probe, host_probe, _ in probes
         )
         mid = len(scaled) // 2
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
@@ -790,7 +821,7 @@ class TubeMPC:
         # lower-bound time
         dur = np.maximum(lo, busy_hi + host)
         share = np.minimum(1.0, busy_hi / np.maximum(dur, 1.0))
-        got = bound.graph(dur, share, lo)
+        got = bound.graph(dur, share, lo, pooled=phase == "decode")
         if phase == "prefill":
             return max(ref, got)
         self._bound_over_top = got / max(ref, 1.0)
@@ -1246,10 +1277,13 @@ class TubeMPC:
             )
         used = used_here + future
         env_lv = self._bound_level()
-        if env_lv is not None and float(ct.energy_j[env_lv]) <= float(
+        # (a solved plan wholly at that level sums the same energies another way: equal
+        # but for rounding, which must not pick; the solved plan keeps its stall's drop
+        # and raise, so a tie goes to it)
+        if env_lv is not None and float(ct.energy_j[env_lv]) < (1.0 - 1e-9) * float(
             block_e[np.arange(len(blocks)), blocks].sum()
         ):
-            # the whole graph at the default's bound level is no dearer than the plan:
+            # the whole graph at the default's bound level is cheaper than the plan:
             # run it there (it is no slower than the default's, so it costs no debt;
             # a plan around that level whose reference sits a little below the level's
             # own time mixes in higher levels for the difference, at a higher cost)
