@@ -61,8 +61,8 @@ REFIT_KEEP = 12  # graphs kept for a refit
 REFIT_EVERY = 8  # updates between two refits at least
 REFIT_MIN_GRAPHS = 6  # graphs needed, at clocks at least REFIT_CLOCK_SPREAD apart
 REFIT_CLOCK_SPREAD = 1.15
-REFIT_RESID = 0.05  # mean |relative residual| above which the fit may be stuck
-REFIT_GAIN = 0.5  # a candidate replaces the estimate below this share of its error
+REFIT_RESID = 0.15  # mean |relative residual| above which the fit may be stuck
+REFIT_GAIN = 0.25  # a candidate replaces the estimate below this share of its error
 REFIT_FACTORS = np.array([0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0])
 REFIT_FINE = np.array([0.8, 0.87, 0.93, 1.0, 1.07, 1.15, 1.23])  # around the best
 
