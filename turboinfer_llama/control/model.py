@@ -16,7 +16,10 @@
   recursive least squares with forgetting identifies them from (work, clock, time)
   observations; a node that a clock switch landed in is fitted at its time-weighted
   mean clock. The compute-bound fraction at ``f`` follows: the share of predicted
-  time on the compute side.
+  time on the compute side. Which side a node is on is judged at the current
+  estimate, so an estimate that starts on the wrong side cannot leave it by RLS alone:
+  while the recent fit is poor, :meth:`PhaseModel.refit` re-fits the last graphs over a
+  grid of compute and memory efficiencies, every side judged afresh.
 * **Sweet spot**: the level minimising predicted busy energy ``P_busy(f) * t(f)`` for
   a phase's graph under current conditions.
 """

@@ -83,7 +83,10 @@ its plan committed. The plan:
   measured to planned slowdown (``_slow_gain``, an EWMA bounded 0.5-4), and the solve
   scales every level's slowdown by it, widened by the upper quantile of how far recent
   graphs overran the gain they were planned with (``_gain_err``): when the model is
-  unsure, spend less saving, not more latency.
+  unsure, spend less saving, not more latency. Where the model itself was wrong (its
+  roofline sides judged at a prior far from the GPU's balance) it refits
+  (``PhaseModel.refit``), and the gain, the tube and the probes' regressors learnt
+  against the old model start again.
 * Inside the next graph, per-block levels (about one block per layer) share the time
   the horizon leaves it (``tmpc_solver.block_levels``). Block switches are keyed by
   node ordinal where the callback sees node boundaries during compute (``layer``,
@@ -260,8 +263,8 @@ class TubeMPC:
         self._hist_lv: list[int] = []
         init = self.shadow_params.initial_hz
         self._initial = self.top if init is None else int(np.argmin(np.abs(self.levels_hz - init)))
-        # per phase: recent graphs run wholly at the top level (measured ns, their
-        # regressors, host ns); graphs since the last, per phase
+        # per phase: recent graphs run wholly at the top level (``_Probe``); graphs
+        # since the last, per phase
         self._top_probe: dict[str, deque[_Probe]] = {}
         # per phase: the lowest level a graph has spent a good share of its time at;
         # levels below it enter the solve at their worst case (see _cautious)
