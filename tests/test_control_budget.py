@@ -147,3 +147,29 @@ def test_tmpc_keeps_the_budget_on_a_profile_file_it_never_saw(tmp_path, slack):
         tpot, ttft = _changes(profile, trace, slack, granularity)
         assert tpot <= slack + TOLERANCE, (granularity, tpot)
         assert ttft <= slack + TOLERANCE, (granularity, ttft)
+
+
+@pytest.mark.parametrize(("seed", "requests", "tokens"), [(0, 2, 96), (2, 1, 160)])
+def test_tmpc_keeps_the_budget_when_another_apps_dram_load_comes_and_goes(seed, requests, tokens):
+    """Another app takes 40% of the DRAM bandwidth from a third to two thirds of the
+    run (the sweep's ``background_change``). The reference is the median of the last
+    top-level probes; probes taken under the load set it for up to two probe intervals
+    after the load had gone, every plan looked ahead of it, and TPOT ran at +6.1% to
+    +6.8% here against a 2% budget (+9.0% in the sweep on a gemma recording). Now a
+    graph below the top that runs faster than the reference (no lower clock is
+    faster: the probes are stale) brings the next probe forward, and a probe that
+    disagrees with the reference brings the two after it forward."""
+    prof = load_profile("adreno650")
+    trace = make_trace(
+        requests=requests, decode_tokens=tokens, prompt_tokens=16, seed=seed, model="gemma-3-270m"
+    )
+    quiet = replay(trace, make_controller("default", **for_device(SimGpu(prof))), SimGpu(prof))
+    d = int(quiet.duration_s * 1e9)
+    schedule = [(d // 3, 0.4), (2 * d // 3, 0.0)]
+    dev = SimGpu(prof, background_schedule=schedule)
+    base = replay(trace, make_controller("default", **for_device(dev)), dev)
+    dev = SimGpu(prof, background_schedule=schedule)
+    got = replay(trace, make_controller("tmpc", latency_slack=0.02, **for_device(dev)), dev)
+    assert got.tpot_ms <= base.tpot_ms * (1.02 + TOLERANCE)
+    assert got.ttft_ms <= base.ttft_ms * (1.02 + TOLERANCE)
+    assert got.energy_j < base.energy_j  # and it still saves

@@ -133,7 +133,7 @@ from . import plan_native
 from .default_bound import OndemandBound
 from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
-from .model import FitGraph, PowerTable, WorkloadModel
+from .model import FitGraph, PhaseModel, PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
 from .reference import ShadowParams
 from .tmpc_solver import (
@@ -149,6 +149,12 @@ _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # time is the latency reference (see TubeMPC._reference_ns)
 PROBE_EVERY = 24
 PROBES_KEPT = 3  # the reference is the median of this many recent probes
+# conditions changed (another app's DRAM load came or went, a thermal cap): a probe
+# that differs from the reference the earlier ones give by more than this share is
+# followed at once by PROBES_KEPT - 1 more, so the median is of the new conditions; and
+# a graph below the top that ran faster than the reference by this share (no lower
+# clock is faster: the probes are stale) brings the next probe forward
+PROBE_SHIFT = 0.03
 # no probe while the default's bound exceeds the top level's reference by this share
 PROBE_SKIP_MARGIN = 0.02
 # bounds of the learnt ratio of measured to planned slowdown
@@ -295,6 +301,8 @@ class TubeMPC:
         )
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
+        # per phase: probes still due at once (see PROBE_SHIFT)
+        self._probe_burst: dict[str, int] = {}
         self._busy_last: int | None = None
         # (c_ns, m_ns, launch, cumulative cost share) of the last graph shape
         self._share: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -706,22 +714,39 @@ class TubeMPC:
         this graph at the top level, host time included; ``work``: its nodes' compute
         and memory times and launches (to sort a probe's nodes again after a refit)."""
         pm = self.model.phases[phase]
+        probes = self._top_probe.get(phase)
         if min_hz >= self.levels_hz[self.top] * 0.999:
             # a probe keeps its regressors (at the top clock), so its top-level time can
             # be re-evaluated under the current model for a 5-vector product
+            burst = self._probe_burst.get(phase, 0)
+            if probes and abs(measured / self._probed_ref(pm, probes, top_ns) - 1.0) > PROBE_SHIFT:
+                burst = PROBES_KEPT - 1  # conditions changed: re-measure the median
+            elif burst > 0:
+                burst -= 1
+            self._probe_burst[phase] = burst
             probe = _Probe(measured, x, host, work)
             self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append(probe)
             self._since_probe[phase] = 0
             return measured
         self._since_probe[phase] = self._since_probe.get(phase, 0) + 1
-        probes = self._top_probe.get(phase)
         if not probes:
             return measured
-        # context growth since each probe: both graphs through the *current* model at
-        # the top level, so a drift of the model's fit cancels out of the ratio; the
-        # median of the last probes, so one probe slowed or sped up by the host does not
-        # set the reference (a clamp to this graph's measured time would make timing
-        # noise a ratchet: it could only ever add debt)
+        ref = self._probed_ref(pm, probes, top_ns)
+        if self.clock_coupled and measured < ref * (1.0 - PROBE_SHIFT):
+            # faster below the top than the probes say the top is: no lower clock is
+            # faster, so the probes are stale (a DRAM load they ran under has gone)
+            self._probe_burst[phase] = max(self._probe_burst.get(phase, 0), 1)
+        return ref
+
+    @staticmethod
+    def _probed_ref(pm: PhaseModel, probes: deque[_Probe], top_ns: float) -> float:
+        """The top-level time the recent probes give a graph whose model time at the
+        top level is ``top_ns``: each probe's measured time scaled by context growth
+        (both graphs through the *current* model at the top level, so a drift of the
+        model's fit cancels out of the ratio), the median over the probes, so one probe
+        slowed or sped up by the host does not set the reference (a clamp to this
+        graph's measured time would make timing noise a ratchet: it could only ever add
+        debt)."""
         th = pm.theta
         scaled = sorted(
             t_meas * top_ns / max(float(x_probe @ th) + host_probe, 1.0)
@@ -937,6 +962,8 @@ class TubeMPC:
             # refine a figure not in use (a stale one can only matter where it is the
             # larger). Due again at once (the count runs on) when the bound nears it.
             return False
+        if self._probe_burst.get(phase, 0) > 0:
+            return True  # conditions changed: the reference is re-measured
         return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
 
     # ---- the optimisation -----------------------------------------------------------
