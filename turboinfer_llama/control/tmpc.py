@@ -707,7 +707,10 @@ class TubeMPC:
         can). The top-level time is measured, not modelled: every ``PROBE_EVERY``
         graphs of a phase one runs wholly at the top level (:meth:`_plan_next`), and
         graphs in between are scaled from it by the model's top-level ratio (context
-        growth), the median over the last ``PROBES_KEPT`` probes.
+        growth), the median over the last ``PROBES_KEPT`` probes. Conditions change
+        (another app's DRAM load comes or goes): a graph below the top that ran faster
+        than this reference means the probes are stale, and a probe off the reference
+        means the median is; either brings probes forward (``PROBE_SHIFT``).
 
         ``x``: the graph's regressors (at the clocks it ran at); ``min_hz``: the lowest
         mean clock any of its nodes ran at; ``top_ns``: the current model's time of
@@ -953,7 +956,8 @@ class TubeMPC:
 
     def probe_due(self, phase: str) -> bool:
         """A graph of ``phase`` is due to run wholly at the top level (the latency
-        reference's probe, every ``PROBE_EVERY`` graphs)."""
+        reference's probe, every ``PROBE_EVERY`` graphs, or at once where the probes
+        were found stale: ``PROBE_SHIFT``)."""
         if self._probe_for.get(phase, -1) > self._graph:
             return False  # one is planned for a graph not run yet (plans ahead)
         if phase == "decode" and self._bound_over_top > 1.0 + PROBE_SKIP_MARGIN:
