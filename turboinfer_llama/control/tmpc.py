@@ -63,11 +63,10 @@ while the engine computes the next graph (``plan.HOLD_FOR_ENGINE``), for the gra
 that one (``GraphBatch.ahead`` 2; its predictions are keyed by the graph planned for,
 ``_planned``, and the debt the running graph's plan committed counts against this
 one's budget); else at the graph's end, for the next graph. At slack 0 every decode
-graph runs at the top level, or wholly at the default's bound level where there is one,
-and prompts follow the bound's envelope (both no slower than the default's). Where
-the graph times measured do not follow the clock set (``clock_coupled`` False: the
-simulated device, live), every level below the top is taken at its worst case, no
-slowdown is learnt, and a decode graph's debt is what its plan committed. The plan:
+graph runs at the top level. Where the graph times measured do not follow the clock
+set (``clock_coupled`` False: the simulated device, live), every level below the top
+is taken at its worst case, no slowdown is learnt, and a decode graph's debt is what
+its plan committed. The plan:
 
 * Horizon: the next ``n_compute`` graphs (from the phase's template) with the forecast
   stalls between them; every combination of compute levels is searched at once
@@ -1058,7 +1057,7 @@ class TubeMPC:
         idle after it. None where there is no bound, nothing learnt yet, or the bound
         starts at the top level."""
         snap = self._bound_snap
-        if snap is None:
+        if snap is None or self.slack <= 0:
             return None
         prev, state = snap
         end = self._req_ends[-1] if self._req_ends and self._req_ends[-1] >= prev else t_ns
@@ -1225,16 +1224,14 @@ class TubeMPC:
             # requests with no stall drops at all, under one switch per token live.
             droppable = False
         if self.slack <= 0:
-            # no budget: every graph at the top level, or at the default's bound level
-            # where there is one (no slower than the default's). Spending only the
-            # slack earned (a graph ran faster than its reference) spends the
-            # reference's timing noise, and a model that finds a block that a lower
-            # clock does not slow is wrong by a little on many blocks (+0.3% TPOT on a
-            # generated adreno640 profile with a 50 us switch, +0.6% planning two
-            # graphs ahead)
-            lv = self.top if self._default_bound is None else self._default_bound.level_hi()
+            # no budget: every graph at the top level. Spending only the slack earned
+            # (a graph ran faster than its reference) spends the reference's timing
+            # noise, and a model that finds a block that a lower clock does not slow
+            # is wrong by a little on many blocks (+0.3% TPOT on a generated adreno640
+            # profile with a 50 us switch, +0.6% planning two graphs ahead)
+            top = self.top
             return Plan(
-                first_level=lv, fallback_level=lv, switches=(Switch(Anchor.TIME, t_now, lv),)
+                first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_now, top),)
             )
         env = None if tpl is None or self.probe_due("decode") else self._envelope_probe()
         if tpl is None or self.probe_due("decode") or env is not None:
