@@ -35,8 +35,8 @@ def test_bound_settles_where_simple_ondemand_does():
     # there (0.68: target 232 MHz, the lowest level at or above it is 300)
     b = _bound()
     dur, share = _compute_bound_graph(8.0)
-    b.prompt(dur, share)
-    assert b.level_hi() == 4  # a prompt puts it at the top
+    b.graph(dur, share, dur)  # a prompt's graph, as tmpc runs it
+    assert b.level_hi() == 4  # the timelines start at the top (no initial level given)
     got = []
     for _ in range(60):
         b.idle(10 * MS)

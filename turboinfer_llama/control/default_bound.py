@@ -23,8 +23,7 @@ choice taken towards a *faster* default (a higher level, hence less time):
   share, and above ``up_threshold`` it jumps to the top);
 * the timelines start at the device's level when tmpc starts (``initial_level``; the top
   where unknown), each first poll's window taken as busy before the start;
-* a prompt graph runs on them like any other (tmpc); ``prompt`` is the cautious
-  alternative, every timeline put at the top level (the default is at most there);
+* a prompt graph runs on them like any other (tmpc);
 * ``envelope``: the highest level any timeline can reach over a wholly busy stretch
   (a prompt) from a snapshot of their state, for a prompt to follow: the clock at or
   above it throughout, the prompt is no slower than the default's;
@@ -231,13 +230,6 @@ class OndemandBound:
             if lv >= self.top:
                 break
         return out
-
-    def prompt(self, dur_ns: np.ndarray, busy_share: np.ndarray) -> None:
-        """A prompt graph: every timeline at the top level first (the bound's level
-        is an upper bound of the default's), then the graph."""
-        for tl in self._tl:
-            tl.level, tl.drop_at = self.top, np.inf
-            self._run(tl, dur_ns, busy_share, dur_ns)
 
     def graph(
         self,

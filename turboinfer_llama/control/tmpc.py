@@ -258,7 +258,10 @@ class TubeMPC:
         self._order_pref = 1e-3 * (self.top - self.combos[:, 0]).astype(np.float64)
         self.gain = feedback_gain
         self._tube_q = tube_quantile
-        self.rel_err = StallStats(window=64, quantile=tube_quantile, prior_ns=0.05)
+        # relative graph-time errors of recent plans (the tube ``r``), and measured /
+        # (gain x planned) slowdown of recent plans: its upper quantile widens the tube
+        # where the gain alone has not been enough
+        self.rel_err, self._gain_err = self._plan_error_stats()
         self._templates: dict[str, PhaseTemplate] = {}
         self._time_scale: dict[str, float] = {}
         self.phase = "prefill"
@@ -312,9 +315,6 @@ class TubeMPC:
         self._probe_for: dict[str, int] = {}  # the graph a top-level probe is planned for
         self._graph = -1  # the last graph learnt from
         self._slow_gain = 1.0  # recent measured / planned slowdown of plans below the top
-        # measured / (gain x planned) slowdown of recent plans: its upper quantile widens
-        # the tube where the gain alone has not been enough
-        self._gain_err = StallStats(window=32, quantile=tube_quantile, prior_ns=1.0)
         self._after_prefill = StallStats(window=16, quantile=tube_quantile)
         # the next prompt's plan, made off the engine thread after each prompt graph:
         # (template, its tokens, per-block levels, switches at the template's length,
@@ -579,18 +579,7 @@ class TubeMPC:
         if b.n and measured > 0:
             pm = self.model.phases[phase]
             if pm.refit_due() and pm.refit():
-                # the model's slowdown was wrong, so what was learnt against it is too:
-                # the gain, the time scale, and the errors of plans made with it
-                self._slow_gain = 1.0
-                self._time_scale.pop(phase, None)
-                self.rel_err = StallStats(window=64, quantile=self._tube_q, prior_ns=0.05)
-                self._gain_err = StallStats(window=32, quantile=self._tube_q, prior_ns=1.0)
-                # a probe's regressors sort its nodes by the model's sides: sort again
-                probes = self._top_probe.get(phase)
-                if probes:
-                    fresh = [pr._replace(x=pm.features(*pr.work, pm.f_max_hz)) for pr in probes]
-                    probes.clear()
-                    probes.extend(fresh)
+                self._forget_old_model(phase, pm)
             starts, ends = self._node_spans(b)
             seg_t, seg_hz = self._clock_segments(starts, ends)
             # each node's mean clock, the time per level, the model's regressors at
@@ -684,6 +673,28 @@ class TubeMPC:
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
             return None  # the request ended after this graph: no next graph to plan
         return self._plan_next(b.t_end_ns, b.graph, max(1, b.ahead))
+
+    def _plan_error_stats(self) -> tuple[StallStats, StallStats]:
+        """Fresh error statistics of plans: relative graph-time errors (the tube) and
+        the gain's overruns."""
+        return (
+            StallStats(window=64, quantile=self._tube_q, prior_ns=0.05),
+            StallStats(window=32, quantile=self._tube_q, prior_ns=1.0),
+        )
+
+    def _forget_old_model(self, phase: str, pm: PhaseModel) -> None:
+        """After a refit: the model's slowdown was wrong, so what was learnt against it
+        is too -- the gain, the time scale, the errors of plans made with it; and a
+        probe's regressors sort its nodes by the model's sides, so they are sorted
+        again."""
+        self._slow_gain = 1.0
+        self._time_scale.pop(phase, None)
+        self.rel_err, self._gain_err = self._plan_error_stats()
+        probes = self._top_probe.get(phase)
+        if probes:
+            fresh = [pr._replace(x=pm.features(*pr.work, pm.f_max_hz)) for pr in probes]
+            probes.clear()
+            probes.extend(fresh)
 
     def _reference_ns(
         self,
