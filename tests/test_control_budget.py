@@ -57,7 +57,7 @@ def _changes(profile, trace, slack: float, granularity: str) -> tuple[float, flo
     granularity=st.sampled_from(("graph", "kernel")),
     switch_us=st.floats(50.0, 2_000.0),
     coupling=st.floats(0.0, 1.0),
-    compute_scale=st.floats(0.5, 1.5),
+    compute_scale=st.floats(0.3, 3.0),
     idle_fraction=st.floats(0.05, 0.3),
     sample_ms=st.floats(1.5, 6.0),
     sigma=st.floats(0.0, 0.25),
@@ -75,6 +75,11 @@ def _changes(profile, trace, slack: float, granularity: str) -> tuple[float, flo
 # (not the top) ran +4.9% on a Mali computing 9x slower than the model's prior (found
 # by this test with compute_scale widened to 0.3-3; the change was reverted)
 @example("mali-g76", 0.0, "graph", 50.0, 0.0, 0.375, 0.25, 2.0, 0.0, 0)
+# stop 26: the same profile at 2% ran +5.7% (graph) and +3.7% (kernel): the default's
+# bound, built from a model 9x off, put the default two levels below where it ran
+# (fixed: the bound is trusted only while the plans hit, tmpc.BOUND_TRUST_TUBE)
+@example("mali-g76", 0.02, "graph", 50.0, 0.0, 0.375, 0.25, 2.0, 0.0, 0)
+@example("mali-g76", 0.02, "kernel", 50.0, 0.0, 0.375, 0.25, 2.0, 0.0, 0)
 @example(
     "adreno640", 0.05, "kernel", 661.1717734697933, 0.4198242694305766, 0.5,
     0.19134132716372776, 2.3125, 0.17536583988493434, 840,

@@ -166,6 +166,12 @@ SEEN_SHARE = 0.1
 # a decode graph's measured lower bound holds for the request's later ones (a context
 # no shorter) less this share of its kernel time: timing noise between graphs
 ANCHOR_MARGIN = 0.02
+# the default's bound (``control.default_bound``) is built from the model; while the
+# model's plans miss by more than this share (the tube's upper quantile), the bound is
+# not trusted: decode is held to the top level's reference (probes resume) until they
+# hit again. On mali-g76 at 0.375x compute (the model's prior 9x off) the bound put the
+# default two levels below where it ran: +5.7% TPOT at a 2% budget
+BOUND_TRUST_TUBE = 0.2
 # prompt envelopes kept (``TubeMPC._prompt_env``): a prompt's records may reach the
 # planner after the next request has begun
 _ENVELOPES_KEPT = 4
@@ -866,6 +872,9 @@ class TubeMPC:
         got = bound.graph(dur, share, lo, pooled=phase == "decode")
         if phase == "prefill":
             return max(ref, got)
+        if not self._bound_trusted():
+            self._bound_over_top = 1.0  # the top level's reference: probes are due
+            return ref
         self._bound_over_top = got / max(ref, 1.0)
         # the next graph's expected reference, for its plan only (its account takes
         # the bound above): the model's time at the bound's level, without the tube's
@@ -885,16 +894,21 @@ class TubeMPC:
         on (the plans' own levels, set against a reference from a faster run, would
         creep down by the slack alone). None otherwise."""
         bound = self._default_bound
-        if bound is None or self.slack <= 0:
+        if bound is None or self.slack <= 0 or not self._bound_trusted():
             return None
         lv = bound.level_hi()
         return lv if lv < self._last_min_level else None
+
+    def _bound_trusted(self) -> bool:
+        """Whether the model's plans hit closely enough for the default's bound, built
+        from the model, to be a promise (``BOUND_TRUST_TUBE``)."""
+        return self.rel_err.estimate().upper_ns <= BOUND_TRUST_TUBE
 
     def _bound_level(self) -> int | None:
         """The default's bound level (the highest over the timer phases), where there
         is a bound and a budget; else None."""
         bound = self._default_bound
-        if bound is None or self.slack <= 0:
+        if bound is None or self.slack <= 0 or not self._bound_trusted():
             return None
         return bound.level_hi()
 
