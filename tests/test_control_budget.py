@@ -15,6 +15,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -182,3 +183,83 @@ def test_tmpc_keeps_the_budget_when_another_apps_dram_load_comes_and_goes(seed, 
     assert got.tpot_ms <= base.tpot_ms * (1.02 + TOLERANCE)
     assert got.ttft_ms <= base.ttft_ms * (1.02 + TOLERANCE)
     assert got.energy_j < base.energy_j  # and it still saves
+
+
+def generated_gpu(seed: int):
+    """One generated GPU and run, drawn from ``seed``: a level table of its own (4-14
+    levels, 150 MHz-1.2 GHz), either default governor with its tunables drawn (polling
+    20-200 ms, thresholds, the tz steps), compute 0.3-3x and memory 0.6-1.5x the
+    shipped profile's, DRAM bandwidth 0.5-2x, the phone host model (batching, CPU
+    speed), idle power, wake-up and switch latency; a synthetic trace and a slack.
+    Every value within physical ranges; none is a shipped profile's."""
+    rng = np.random.default_rng(seed)
+    base = load_profile(str(rng.choice(PROFILES)))
+    n_lv = int(rng.integers(4, 15))
+    top = rng.uniform(500e6, 1200e6)
+    hz = np.geomspace(top * rng.uniform(0.15, 0.5), top, n_lv)
+    hz[1:-1] *= rng.uniform(0.97, 1.03, n_lv - 2)
+    hz = np.unique(np.round(hz / 1e6).astype(int) * 1_000_000)
+    switch_ns = int(rng.uniform(50, 2000) * 1e3)
+    volts = np.linspace(rng.uniform(0.5, 0.6), rng.uniform(0.75, 0.9), len(hz))
+    kw = {
+        "levels_hz": tuple(int(x) for x in hz),
+        "voltages_v": tuple(float(v) for v in volts),
+        "initial_hz": int(hz[rng.integers(0, len(hz))]),
+        "default_governor": str(rng.choice(["msm-adreno-tz", "simple_ondemand"])),
+        "ondemand_up_threshold": int(rng.integers(70, 96)),
+        "ondemand_down_differential": int(rng.integers(3, 16)),
+        "ondemand_polling_ns": int(rng.uniform(20, 200) * 1e6),
+        "tz_call_interval_ns": int(rng.uniform(5, 20) * 1e6),
+        "tz_ceiling_ns": int(rng.uniform(30, 80) * 1e6),
+        "tz_ramp_up_idle_ns": int(rng.uniform(3, 10) * 1e6),
+        "tz_laziness": int(rng.integers(2, 9)),
+        "compute_efficiency": (
+            base.compute_efficiency * float(np.exp(rng.uniform(np.log(0.3), np.log(3.0))))
+        ),
+        "memory_efficiency": min(0.95, base.memory_efficiency * rng.uniform(0.6, 1.5)),
+        "dram_bandwidth_bytes_per_s": base.dram_bandwidth_bytes_per_s * rng.uniform(0.5, 2.0),
+        "switch_latency_direct_ns": switch_ns,
+        "min_dwell_ns": int(switch_ns * rng.choice([0.0, 1.0])),
+        "clock_gated_idle_fraction": float(rng.uniform(0.05, 0.3)),
+        "host_cpu_factor": float(rng.uniform(1.0, 4.0)),
+        "submit_batch_nodes": int(rng.integers(50, 200)),
+        "wakeup_ns": int(rng.uniform(0.2, 3) * 1e6),
+        "idle_timeout_ns": int(rng.uniform(20, 200) * 1e6),
+        "bus_coupling": float(rng.uniform(0, 1)),
+    }  # fmt: skip
+    if base.bus_vote_index:
+        n_votes = len(base.bus_index_bandwidth_fraction)
+        kw["bus_vote_index"] = tuple(int(x) for x in np.sort(rng.integers(1, n_votes, len(hz))))
+    profile = dataclasses.replace(base, **kw)
+    slack = float(rng.choice([0.0, 0.02, 0.05, 0.10]))
+    granularity = str(rng.choice(["graph", "kernel"]))
+    trace = make_trace(
+        requests=int(rng.integers(2, 4)),
+        decode_tokens=int(rng.choice([10, 32])),
+        prompt_tokens=int(rng.integers(8, 200)),
+        sample_ms=float(rng.uniform(1.5, 6)),
+        sample_sigma=float(rng.uniform(0, 0.25)),
+        inter_kernel_us=float(rng.uniform(5, 25)),
+        seed=int(rng.integers(0, 1000)),
+    )
+    return profile, slack, granularity, trace
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(seed=st.integers(0, 2**31 - 1))
+# stop 26, found by this generator (seeds 0-49 at that stop's start): +12.2% TPOT at a
+# 10% budget (simple_ondemand polling faster than a graph: the bound spread each
+# graph's busy time evenly, ``default_bound.graph_pieces``) and +16.7% TTFT at 10% (a
+# prompt left at its request-begin level by the last request's prompt debt)
+@example(seed=28)
+@example(seed=29)
+def test_tmpc_keeps_the_budget_on_generated_gpus(seed):
+    profile, slack, granularity, trace = generated_gpu(seed)
+    tpot, ttft = _changes(profile, trace, slack, granularity)
+    assert tpot <= slack + TOLERANCE, (tpot, slack)
+    assert ttft <= slack + TOLERANCE, (ttft, slack)

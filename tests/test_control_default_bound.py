@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from turboinfer_llama.control.default_bound import OndemandBound
+from turboinfer_llama.control.default_bound import OndemandBound, graph_pieces
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.reference import ShadowParams
 from turboinfer_llama.control.replay import replay
@@ -56,6 +56,52 @@ def test_bound_jumps_to_the_top_when_busy():
         b.idle(1 * MS)
         b.graph(dur, share, dur)
     assert b.level_hi() == 4
+
+
+def _bunched_graph() -> tuple[np.ndarray, np.ndarray]:
+    """200 short kernels each after a host gap twice as long (the GPU busy a third of
+    that time), then one long kernel (30 ms at the top level, longer than a poll):
+    per-node kernel time at each level (compute-bound) and the gap before each node."""
+    f = np.asarray(LEVELS_HZ, dtype=np.float64)
+    kernel_ms = np.r_[np.full(200, 0.05), 30.0]
+    host_ms = np.r_[np.full(200, 0.1), 0.0]
+    return kernel_ms[:, None] * MS * (f[-1] / f)[None, :], host_ms * MS
+
+
+def test_a_window_inside_one_long_kernel_is_wholly_busy():
+    # simple_ondemand polls every 20 ms; the graph's busy share is 2/3 on average, so
+    # spread evenly it never passes 90% and the bound steps down; but a window that
+    # falls inside the 30 ms kernel is wholly busy and puts the default at the top
+    # (a generated profile with 25 ms polling ran +20% TPOT at a 5% budget when the
+    # bound spread the busy time evenly)
+    kernel_ns, host_ns = _bunched_graph()
+    dur = kernel_ns.sum(axis=0) + host_ns.sum()
+    share = kernel_ns.sum(axis=0) / dur
+    pieces = graph_pieces(kernel_ns, host_ns, 20 * MS)
+    assert pieces is not None
+    t_share, b_share = pieces
+    np.testing.assert_allclose(t_share.sum(axis=0), 1.0)
+    np.testing.assert_allclose(b_share.sum(axis=0), 1.0)
+    assert graph_pieces(kernel_ns, host_ns, 10_000 * MS) is None  # one piece: no cut
+
+    def run(with_pieces: bool) -> tuple[float, list[int]]:
+        b = OndemandBound(
+            LEVELS_HZ, up_threshold=90, down_differential=5, polling_ns=20 * MS,
+            switch_latency_ns=0,
+        )  # fmt: skip
+        total, highest = 0.0, []
+        for _ in range(30):
+            b.idle(2 * MS)
+            total += b.graph(dur, share, dur, pooled=True, pieces=pieces if with_pieces else None)
+            highest.append(b.level_hi())
+        return total, highest
+
+    even_ns, even_hi = run(False)
+    bunched_ns, bunched_hi = run(True)
+    top = len(LEVELS_HZ) - 1
+    assert max(even_hi[10:]) < top  # spread evenly: never busy enough for the top
+    assert top in bunched_hi[10:]  # in order: the long kernel's windows reach it
+    assert bunched_ns < 0.95 * even_ns  # and the default's bound is faster
 
 
 def test_bound_counts_an_idle_gap():

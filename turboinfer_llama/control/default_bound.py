@@ -238,6 +238,7 @@ class OndemandBound:
         lo_ns: np.ndarray,
         *,
         pooled: bool = False,
+        pieces: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> float:
         """A graph: its lower-bound time in the default's run, the least over the timer
         phases. ``pooled`` (decode graphs, whose budget is kept over the run): the
@@ -245,8 +246,27 @@ class OndemandBound:
         has one phase for the whole run, so the default's total is at least the least
         of the timelines' totals -- not only the sum of each graph's least, which takes
         the fastest phase anew for every graph (sim mali-g76, 92 decode graphs: 3.71 s
-        against 3.60 s, the default's own ~3.97 s)."""
-        got = np.array([self._run(tl, dur_ns, busy_share, lo_ns) for tl in self._tl])
+        against 3.60 s, the default's own ~3.97 s).
+
+        ``pieces``: the graph's consecutive parts, (time share, busy share) per part and
+        level, each row summing to 1 over the parts (:func:`graph_pieces`); the graph
+        runs through them in order, each busy at its own share. Without them the busy
+        time is spread evenly over the graph, which a window shorter than the graph
+        misjudges where the busy time bunches up (one long kernel: a window wholly
+        inside it is wholly busy and puts the default at the top)."""
+        if pieces is None:
+            got = np.array([self._run(tl, dur_ns, busy_share, lo_ns) for tl in self._tl])
+        else:
+            t_share, b_share = pieces
+            busy = busy_share * dur_ns
+            parts = [
+                (d, np.minimum(1.0, busy * b / np.maximum(d, 1.0)), lo_ns * t)
+                for t, b in zip(t_share, b_share, strict=True)
+                for d in (dur_ns * t,)
+            ]
+            got = np.array(
+                [sum(self._run(tl, d, sh, lo) for d, sh, lo in parts) for tl in self._tl]
+            )
         if not pooled:
             return float(got.min())
         self._total_ns += got
@@ -264,3 +284,32 @@ class OndemandBound:
         growth of the least total, as :meth:`graph` gives it."""
         nxt = self._total_ns + np.array([float(lo_ns[tl.level]) for tl in self._tl])
         return float(nxt.min()) - self._least_ns
+
+
+PIECES_PER_POLL = 8  # a piece of a graph lasts at most this share of a polling window
+
+
+def graph_pieces(
+    kernel_ns: np.ndarray, host_ns: np.ndarray, poll_ns: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A graph cut into consecutive pieces of its nodes, each at most ``poll_ns /
+    PIECES_PER_POLL`` long at the slowest level (a longer single node is a piece of its
+    own): each piece's share of the graph's time and of its busy time, per level,
+    ``(pieces, levels)`` arrays for :meth:`OndemandBound.graph`. ``kernel_ns``: (nodes,
+    levels) kernel time; ``host_ns``: the GPU-idle time before each node. None where
+    the graph fits in one piece."""
+    n = len(host_ns)
+    if n == 0 or kernel_ns.shape[0] != n:
+        return None
+    node_ns = kernel_ns.max(axis=1) + host_ns
+    span = poll_ns / PIECES_PER_POLL
+    ends = np.cumsum(node_ns)
+    if ends[-1] <= span:
+        return None
+    # a piece ends at the node where the running time crosses a multiple of ``span``
+    cut = np.unique(np.searchsorted(ends, np.arange(span, float(ends[-1]), span), side="left"))
+    edges = np.unique(np.concatenate(([0], np.minimum(cut + 1, n), [n])))
+    k = np.add.reduceat(kernel_ns, edges[:-1], axis=0)
+    h = np.add.reduceat(host_ns, edges[:-1])[:, None]
+    k_tot = np.maximum(k.sum(axis=0), 1e-9)
+    return (k + h) / (k_tot + float(host_ns.sum())), k / k_tot

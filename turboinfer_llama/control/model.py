@@ -67,6 +67,8 @@ REFIT_CLOCK_SPREAD = 1.15
 REFIT_RESID = 0.15  # mean |relative residual| above which the fit may be stuck
 REFIT_GAIN = 0.25  # a candidate replaces the estimate below this share of its error
 REFIT_FACTORS = np.array([0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0])
+# grids tried at most, each moved to the last one's best where that is on its edge
+REFIT_ROUNDS = 3
 REFIT_FINE = np.array([0.8, 0.87, 0.93, 1.0, 1.07, 1.15, 1.23])  # around the best
 
 
@@ -295,8 +297,21 @@ class PhaseModel:
         th = self._th()
         cand_c, cand_m, err = self._grid_error(th, th[0] * REFIT_FACTORS, th[1] * REFIT_FACTORS)
         here = int(np.argmin(np.abs(cand_c - th[0]) + np.abs(cand_m - th[1])))
+        err_here = float(err[here])
         best = _least_nearest(err, cand_c, cand_m, th)
-        if err[best] >= REFIT_GAIN * err[here]:
+        for _ in range(REFIT_ROUNDS - 1):
+            # the best on the grid's edge: the truth may lie beyond it (a GPU computing
+            # 10x slower than the prior), so the grid moves there
+            on_edge = cand_c[best] in (cand_c.min(), cand_c.max()) or cand_m[best] in (
+                cand_m.min(),
+                cand_m.max(),
+            )
+            if not on_edge or err[best] >= REFIT_GAIN * err_here:
+                break
+            c0, m0 = cand_c[best], cand_m[best]
+            cand_c, cand_m, err = self._grid_error(th, c0 * REFIT_FACTORS, m0 * REFIT_FACTORS)
+            best = _least_nearest(err, cand_c, cand_m, th)
+        if err[best] >= REFIT_GAIN * err_here:
             return False
         # then a finer grid around the best (the RLS refines only a side a node is on)
         fine_c, fine_m, fine_err = self._grid_error(

@@ -129,7 +129,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from . import plan_native
-from .default_bound import OndemandBound
+from .default_bound import OndemandBound, graph_pieces
 from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
 from .model import FitGraph, PhaseModel, PowerTable, WorkloadModel
@@ -326,6 +326,9 @@ class TubeMPC:
         # (template, its tokens, per-block levels, switches at the template's length,
         # predicted ns, margin ns)
         self._prefill_next: tuple[PhaseTemplate, int, list[Switch], int, float, float] | None = None
+        # the next prompt graph is its request's first (engine thread: set at
+        # REQUEST_BEGIN, cleared by the prompt's first DECODE_BEGIN)
+        self._prompt_first_chunk = True
         # latency (debt, reference elapsed) per phase: prefill per request (TTFT),
         # decode over every request of the run (TPOT is a mean over the run)
         self._acc = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
@@ -457,10 +460,11 @@ class TubeMPC:
             if self.phase == "prefill":
                 if self._prompt_env is not None:
                     return self._envelope_plan(ev.t_ns)
-                return self._prefill_plan(ev.n_tokens)
+                return self._prefill_plan(ev.n_tokens, ev.t_ns)
             return None
         if k is EventKind.REQUEST_BEGIN:
             self._req_begins.append(ev.t_ns)
+            self._prompt_first_chunk = True
             self._prompt_env = self._prompt_envelope(ev.t_ns)
             if self._prompt_env is not None:
                 self._envelopes.append(self._prompt_env)
@@ -621,7 +625,12 @@ class TubeMPC:
             # node really ran at (the regressors as classified before the update: one
             # RLS step moves the roofline's sides by far less than they differ)
             pred_here = float(x @ pm.theta) + host
-            scale = measured / pred_here if pred_here > 0 else 1.0
+            # the kernels' ratio alone: the template scales kernel time by it and adds
+            # the host time as measured (a ratio over both, host included, set the
+            # template's top level 16 ms under a measured 54.8 ms graph on a generated
+            # Mali computing 2.7x slower than the prior, and plans spent the gap)
+            kern_pred = pred_here - host
+            scale = busy_ns / kern_pred if kern_pred > 0 else 1.0
             # the model's shape (how time scales with the clock) moves slowly (RLS); its
             # absolute level follows the last graphs at once (a loaded host, a longer
             # context): predictions carry the recent measured/predicted ratio
@@ -869,7 +878,8 @@ class TubeMPC:
         # lower-bound time
         dur = np.maximum(lo, busy_hi + host)
         share = np.minimum(1.0, busy_hi / np.maximum(dur, 1.0))
-        got = bound.graph(dur, share, lo, pooled=phase == "decode")
+        pieces = graph_pieces(g.kernel_ns, g.host_ns, bound.poll_ns)
+        got = bound.graph(dur, share, lo, pooled=phase == "decode", pieces=pieces)
         if phase == "prefill":
             return max(ref, got)
         if not self._bound_trusted():
@@ -1131,13 +1141,25 @@ class TubeMPC:
                 return False
         return True
 
-    def _prefill_plan(self, n_tokens: int) -> Plan | None:
+    def _prefill_plan(self, n_tokens: int, t_ns: int) -> Plan | None:
         """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
         prepared plan with its times scaled to this prompt's length; none (the
         request's level holds) when there is none, or when this request's prompt has
         already fallen behind its reference (a later chunk of a long prompt)."""
         got = self._prefill_next
-        if got is None or self._acc["prefill"][0] > 0:
+        first_chunk, self._prompt_first_chunk = self._prompt_first_chunk, False
+        if not first_chunk and self._acc["prefill"][0] > 0:
+            # a later chunk of a prompt already behind its reference: the top level
+            # (the level the request began at would slow it further). The debt is this
+            # request's only from its second chunk on: the planner resets it only once
+            # the prompt's first graph is learnt from, so at the first chunk it is still
+            # the last request's (a generated 4-level tz profile ran a whole prompt at
+            # its request-begin level that way: +16.7% TTFT at a 10% budget)
+            top = self.top
+            return Plan(
+                first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_ns, top),)
+            )
+        if got is None:
             return None
         tpl, tokens, sw, first, predicted, margin = got
         scale = max(int(n_tokens), 1) / tokens
@@ -1159,7 +1181,7 @@ class TubeMPC:
         return Plan(
             first_level=first,
             end_level=0 if droppable else -1,
-            fallback_level=first,
+            fallback_level=self.top,
             n_nodes=tpl.n,
             predicted_ns=int(predicted * scale),
             margin_ns=int(margin * scale),
