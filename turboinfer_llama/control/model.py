@@ -226,6 +226,7 @@ class PhaseModel:
         self._resid_mean = 0.0  # EWMA of |relative residual|
         self._since_refit = 0
         self.refits = 0  # times a refit replaced the estimate
+        self._grid_scale = np.ones(1)  # each candidate's fitted scale (last _grid_error)
 
     def features(
         self, c_ns: np.ndarray, m_ns: np.ndarray, launches: np.ndarray, f_hz: np.ndarray | float
@@ -318,8 +319,12 @@ class PhaseModel:
             th, cand_c[best] * REFIT_FINE, cand_m[best] * REFIT_FINE
         )
         k = _least_nearest(fine_err, fine_c, fine_m, th)
+        scale = float(self._grid_scale[k])
         self.theta = th.copy()
-        self.theta[0], self.theta[1] = fine_c[k], fine_m[k]
+        # the shape's candidate at its fitted scale (the floor term is left as it is)
+        self.theta[0] = min(fine_c[k] * scale, _TH_MAX)
+        self.theta[1] = min(fine_m[k] * scale, _TH_MAX)
+        self.theta[4] = th[4] * scale
         self.P = self._p0.copy()
         self._resid_mean = 0.0
         self.refits += 1
@@ -335,7 +340,7 @@ class PhaseModel:
         tm = np.clip(tm, _TH_MIN[1], _TH_MAX)
         cand_c = np.repeat(tc, len(tm))
         cand_m = np.tile(tm, len(tc))
-        err = np.zeros(len(cand_c))
+        ratios: list[np.ndarray] = []
         for g in self._recent:
             f = mean_hz_numpy(g.starts_ns, g.ends_ns, g.seg_t_ns, g.seg_hz)
             cf = g.c_ns * (self.f_max_hz / f)
@@ -345,7 +350,15 @@ class PhaseModel:
             t = np.maximum(a, b)
             t += th[2] * np.minimum(a, b)
             np.maximum(t, (th[3] * LAUNCH_NS * g.launch)[:, None], out=t)
-            err += (t.sum(axis=0) / g.busy_ns - 1.0) ** 2
+            ratios.append(t.sum(axis=0) / g.busy_ns)
+        # the shape only: each candidate at the common scale that fits it best (tmpc
+        # carries the absolute level in its time scale; an absolute fit explained a
+        # model 2.3x short at the top by memory alone and walked compute to the floor,
+        # where the kept graphs had slowed 1.4x at 55% of the clock)
+        q = np.array(ratios)
+        scale = q.sum(axis=0) / np.maximum((q * q).sum(axis=0), 1e-300)
+        err = ((q * scale - 1.0) ** 2).sum(axis=0)
+        self._grid_scale = scale
         return cand_c, cand_m, err
 
     def reopen(self) -> None:

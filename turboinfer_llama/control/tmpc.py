@@ -172,6 +172,13 @@ ANCHOR_MARGIN = 0.02
 # hit again. On mali-g76 at 0.375x compute (the model's prior 9x off) the bound put the
 # default two levels below where it ran: +5.7% TPOT at a 2% budget
 BOUND_TRUST_TUBE = 0.2
+# a stall is dropped to the bottom level only where its lower bound holds this many
+# switch latencies: the drop, then the raise, which a device lands no sooner than its
+# minimum dwell after the drop (a devfreq clock change finishes before the next: the
+# profiles' min_dwell is one direct switch latency). With one, a raise queued behind
+# the drop landed ~1 ms into the next graph (generated 14-level tz profile, 1.9 ms
+# switch: +5.9% TPOT at a 5% budget)
+DROP_SWITCHES = 2
 # prompt envelopes kept (``TubeMPC._prompt_env``): a prompt's records may reach the
 # planner after the next request has begun
 _ENVELOPES_KEPT = 4
@@ -478,8 +485,12 @@ class TubeMPC:
         if k in (EventKind.REQUEST_END, EventKind.IDLE):
             if not self._req_ends or self._req_ends[-1] < self._last_begin():
                 self._req_ends.append(ev.t_ns)
-            # no plan for the next request's first graph; bottom level while idle
-            return Plan(switches=(Switch(Anchor.TIME, ev.t_ns, 0),))
+            # no plan for the next request's first graph; bottom level while idle --
+            # but for no budget: the raise at the next request's begin lands one switch
+            # latency into its prompt (a generated tz profile with a 1.5 ms switch:
+            # +0.37% TTFT at slack 0)
+            idle_lv = 0 if self.slack > 0 else self.top
+            return Plan(switches=(Switch(Anchor.TIME, ev.t_ns, idle_lv),))
         return None
 
     def _last_begin(self) -> int:
@@ -600,7 +611,10 @@ class TubeMPC:
             )  # fmt: skip
             lowest_here = self._note_levels(phase, obs.level_ns)
             g = PhaseTemplate(b.c_ns, b.m_ns, b.launch, b.layer_out)
-            pred = self._planned.get(b.graph)
+            # a decode graph's plan (a plan two ahead can be made for what turns out to
+            # be the next request's prompt, a graph of as many nodes: its error against
+            # the prompt's time, ~0.93, held the tube there for the next 64 decode graphs)
+            pred = self._planned.get(b.graph) if phase == "decode" else None
             if self.clock_coupled and pred is not None and pred.n == g.n and pred.predicted_ns > 0:
                 self.rel_err.update(abs(measured - pred.predicted_ns) / max(measured, 1.0))
                 top_ns = pred.top_ns
@@ -705,6 +719,11 @@ class TubeMPC:
         self._slow_gain = 1.0
         self._time_scale.pop(phase, None)
         self.rel_err, self._gain_err = self._plan_error_stats()
+        # and no level below the top has been run under the new model: each is at its
+        # worst case again until a graph runs there (a refit that took compute as
+        # free, its grid walked to the floor, planned 20 blocks a level where they ran
+        # 1.8x slower: +6% TPOT at a 5% budget on a generated 9-level tz profile)
+        self._lowest_seen[phase] = self.top
         probes = self._top_probe.get(phase)
         if probes:
             fresh = [pr._replace(x=pm.features(*pr.work, pm.f_max_hz)) for pr in probes]
@@ -863,6 +882,12 @@ class TubeMPC:
         # this graph's own measured time bounds it by
         model_t = top_t + min(1.0, self._slow_gain) * (g.graph_ns[at_seen] - top_t)
         lo = np.maximum(model_t * max(0.0, 1.0 - r), lo_meas)
+        if phase == "decode":
+            # at the top level the default is no slower than the top level's measured
+            # reference: a model whose speedup to the top is short of the truth put it
+            # 4% over a default that ran wholly at the top (generated simple_ondemand
+            # profile, +2.24% TPOT at 2%)
+            lo[self.top] = min(float(lo[self.top]), ref)
         # busy time: the model's, its slowdown below the top scaled by the learnt gain
         # (widened) where over 1, plus the tube; below the lowest level run, that
         # level's times the most a lower clock can slow a kernel (_speedup_share)
@@ -1176,7 +1201,9 @@ class TubeMPC:
                 for x in sw
             ]
         d_lo = self._sample_estimate().lower_ns
-        droppable = d_lo >= self.switch_latency_ns and self._after_prefill.estimate().n > 0
+        droppable = (
+            d_lo >= DROP_SWITCHES * self.switch_latency_ns and self._after_prefill.estimate().n > 0
+        )
         node_keyed = self.granularity in ("layer", "kernel")
         return Plan(
             first_level=first,
@@ -1262,7 +1289,7 @@ class TubeMPC:
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
         d_med, d_lo, d_early = self._stall_ns(ahead)
-        droppable = d_lo >= s_ns and self._sample_estimate(ahead).n > 0
+        droppable = d_lo >= DROP_SWITCHES * s_ns and self._sample_estimate(ahead).n > 0
         if droppable and self.slack <= 0:
             # a stall that ends before its raise lands slows the next graph's start: at
             # slack 0 there is no budget for that (on an unseen 1.2 ms-switch profile
