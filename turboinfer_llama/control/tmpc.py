@@ -154,6 +154,9 @@ PROBES_KEPT = 3  # the reference is the median of this many recent probes
 # a graph below the top that ran faster than the reference by this share (no lower
 # clock is faster: the probes are stale) brings the next probe forward
 PROBE_SHIFT = 0.03
+# a probe's regressors are sorted again (its nodes' roofline sides) once the model's
+# compute or memory efficiency has moved this share since
+PROBE_RESORT = 0.02
 # no probe while the default's bound exceeds the top level's reference by this share
 PROBE_SKIP_MARGIN = 0.02
 # bounds of the learnt ratio of measured to planned slowdown
@@ -195,12 +198,14 @@ class CautiousTables(NamedTuple):
 
 class _Probe(NamedTuple):
     """A graph run wholly at the top level: its measured ns, its regressors at the top
-    clock, its host ns and its nodes' work (compute ns, memory ns, launches)."""
+    clock (its nodes' sides judged at ``theta``), its host ns and its nodes' work
+    (compute ns, memory ns, launches)."""
 
     measured_ns: float
     x: np.ndarray
     host_ns: float
     work: tuple[np.ndarray, np.ndarray, np.ndarray]
+    theta: np.ndarray
 
 
 class _Planned(NamedTuple):
@@ -724,11 +729,6 @@ class TubeMPC:
         # free, its grid walked to the floor, planned 20 blocks a level where they ran
         # 1.8x slower: +6% TPOT at a 5% budget on a generated 9-level tz profile)
         self._lowest_seen[phase] = self.top
-        probes = self._top_probe.get(phase)
-        if probes:
-            fresh = [pr._replace(x=pm.features(*pr.work, pm.f_max_hz)) for pr in probes]
-            probes.clear()
-            probes.extend(fresh)
 
     def _reference_ns(
         self,
@@ -759,7 +759,8 @@ class TubeMPC:
         ``x``: the graph's regressors (at the clocks it ran at); ``min_hz``: the lowest
         mean clock any of its nodes ran at; ``top_ns``: the current model's time of
         this graph at the top level, host time included; ``work``: its nodes' compute
-        and memory times and launches (to sort a probe's nodes again after a refit)."""
+        and memory times and launches (a probe keeps them, to sort its nodes again once
+        the model moves)."""
         pm = self.model.phases[phase]
         probes = self._top_probe.get(phase)
         if min_hz >= self.levels_hz[self.top] * 0.999:
@@ -771,7 +772,7 @@ class TubeMPC:
             elif burst > 0:
                 burst -= 1
             self._probe_burst[phase] = burst
-            probe = _Probe(measured, x, host, work)
+            probe = _Probe(measured, x, host, work, pm.theta.copy())
             self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append(probe)
             self._since_probe[phase] = 0
             return measured
@@ -795,9 +796,14 @@ class TubeMPC:
         graph's measured time would make timing noise a ratchet: it could only ever add
         debt)."""
         th = pm.theta
+        for i, pr in enumerate(probes):
+            # a probe's nodes' sides judged again once the model has moved: sides kept
+            # from when it ran drifted the ratio 2.3% over a default at the top within
+            # one request after a refit (+6.0% TPOT at a 5% budget, generated tz GPU)
+            if np.abs(th[:2] / pr.theta[:2] - 1.0).max() > PROBE_RESORT:
+                probes[i] = pr._replace(x=pm.features(*pr.work, pm.f_max_hz), theta=th.copy())
         scaled = sorted(
-            t_meas * top_ns / max(float(x_probe @ th) + host_probe, 1.0)
-            for t_meas, x_probe, host_probe, _ in probes
+            pr.measured_ns * top_ns / max(float(pr.x @ th) + pr.host_ns, 1.0) for pr in probes
         )
         mid = len(scaled) // 2
         return scaled[mid] if len(scaled) % 2 else 0.5 * (scaled[mid - 1] + scaled[mid])
