@@ -23,6 +23,9 @@ choice taken towards a *faster* default (a higher level, hence less time):
   share, and above ``up_threshold`` it jumps to the top);
 * the timelines start at the device's level when tmpc starts (``initial_level``; the top
   where unknown), each first poll's window taken as busy before the start;
+* a graph runs through them in pieces, in its nodes' order, each at most 1/8 of a
+  poll long (``graph_pieces``): busy time spread evenly over a graph misses the window
+  that falls wholly inside one long kernel, which puts the default at the top;
 * a prompt graph runs on them like any other (tmpc);
 * ``envelope``: the highest level any timeline can reach over a wholly busy stretch
   (a prompt) from a snapshot of their state, for a prompt to follow: the clock at or
@@ -258,12 +261,12 @@ class OndemandBound:
             got = np.array([self._run(tl, dur_ns, busy_share, lo_ns) for tl in self._tl])
         else:
             t_share, b_share = pieces
-            busy = busy_share * dur_ns
-            parts = [
-                (d, np.minimum(1.0, busy * b / np.maximum(d, 1.0)), lo_ns * t)
-                for t, b in zip(t_share, b_share, strict=True)
-                for d in (dur_ns * t,)
-            ]
+            busy_ns = busy_share * dur_ns
+            parts = []
+            for t, b in zip(t_share, b_share, strict=True):
+                piece_ns = dur_ns * t
+                share = np.minimum(1.0, busy_ns * b / np.maximum(piece_ns, 1.0))
+                parts.append((piece_ns, share, lo_ns * t))
             got = np.array(
                 [sum(self._run(tl, d, sh, lo) for d, sh, lo in parts) for tl in self._tl]
             )
