@@ -205,7 +205,7 @@ class _Probe(NamedTuple):
     x: np.ndarray
     host_ns: float
     work: tuple[np.ndarray, np.ndarray, np.ndarray]
-    theta: np.ndarray
+    theta: tuple[float, float]  # the compute and memory efficiencies it was sorted at
 
 
 class _Planned(NamedTuple):
@@ -772,7 +772,7 @@ class TubeMPC:
             elif burst > 0:
                 burst -= 1
             self._probe_burst[phase] = burst
-            probe = _Probe(measured, x, host, work, pm.theta.copy())
+            probe = _Probe(measured, x, host, work, (float(pm.theta[0]), float(pm.theta[1])))
             self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append(probe)
             self._since_probe[phase] = 0
             return measured
@@ -796,12 +796,15 @@ class TubeMPC:
         graph's measured time would make timing noise a ratchet: it could only ever add
         debt)."""
         th = pm.theta
+        th_c, th_m = float(th[0]), float(th[1])
         for i, pr in enumerate(probes):
             # a probe's nodes' sides judged again once the model has moved: sides kept
             # from when it ran drifted the ratio 2.3% over a default at the top within
             # one request after a refit (+6.0% TPOT at a 5% budget, generated tz GPU)
-            if np.abs(th[:2] / pr.theta[:2] - 1.0).max() > PROBE_RESORT:
-                probes[i] = pr._replace(x=pm.features(*pr.work, pm.f_max_hz), theta=th.copy())
+            c0, m0 = pr.theta
+            if abs(th_c / c0 - 1.0) > PROBE_RESORT or abs(th_m / m0 - 1.0) > PROBE_RESORT:
+                x = pm.features(*pr.work, pm.f_max_hz)
+                probes[i] = pr._replace(x=x, theta=(th_c, th_m))
         scaled = sorted(
             pr.measured_ns * top_ns / max(float(pr.x @ th) + pr.host_ns, 1.0) for pr in probes
         )
