@@ -16,10 +16,13 @@ Two settings make it the phone's case rather than this host's:
   bottom (measured 92 ms, reference 88 ms) and it kept the bottom level, switching
   rarely (22-26 switches per 48 tokens in 2 of 4 runs). It is removed, as the fake
   Mali's ``utilization`` is in test_live_loop.py: tmpc runs on engine timing alone.
-* tmpc drops in a stall only when its lower bound exceeds the switch latency, here the
-  fake adb server's round trip: 4-21 ms (median of 5 samples) on this shared host,
-  against 10 ms of stall; at 12.7 ms it never dropped (40 switches per 48 tokens). The
-  stall is 30 ms: a phone's sampling stall plus the round trip of a USB adb link."""
+* tmpc drops in a stall only when its lower bound holds two switch latencies (the
+  drop, then the raise queued behind it: ``tmpc.DROP_SWITCHES``), here the fake adb
+  server's round trip: 4-21 ms (median of 5 samples) on this shared host, against 10
+  ms of stall; at 12.7 ms it never dropped (40 switches per 48 tokens). The stall is
+  60 ms: a phone's sampling stall plus the round trips of a USB adb link (at 30 ms,
+  with the two-latency rule, a fresh-clone run under the whole suite's load switched
+  7 times in 48 tokens)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from test_live_loop import phone_sampling_stall
 from turboinfer_llama import Llama
 
 PROMPTS = ("The capital of France is", "Write a haiku about rain.")
-STALL_MS = 30.0  # over the fake adb round trip on a loaded host (module docstring)
+STALL_MS = 60.0  # over two fake adb round trips on a loaded host (module docstring)
 
 
 @pytest.mark.slow
