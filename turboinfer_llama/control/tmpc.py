@@ -605,7 +605,7 @@ class TubeMPC:
         if b.n and measured > 0:
             pm = self.model.phases[phase]
             if pm.refit_due() and pm.refit():
-                self._forget_old_model(phase, pm)
+                self._forget_old_model(phase)
             starts, ends = self._node_spans(b)
             seg_t, seg_hz = self._clock_segments(starts, ends)
             # each node's mean clock, the time per level, the model's regressors at
@@ -716,11 +716,11 @@ class TubeMPC:
             StallStats(window=32, quantile=self._tube_q, prior_ns=1.0),
         )
 
-    def _forget_old_model(self, phase: str, pm: PhaseModel) -> None:
+    def _forget_old_model(self, phase: str) -> None:
         """After a refit: the model's slowdown was wrong, so what was learnt against it
-        is too -- the gain, the time scale, the errors of plans made with it; and a
-        probe's regressors sort its nodes by the model's sides, so they are sorted
-        again."""
+        is too -- the gain, the time scale, the errors of plans made with it, the levels
+        counted as run. (The probes sort their nodes again by themselves once the model
+        has moved: ``PROBE_RESORT``.)"""
         self._slow_gain = 1.0
         self._time_scale.pop(phase, None)
         self.rel_err, self._gain_err = self._plan_error_stats()
@@ -937,11 +937,8 @@ class TubeMPC:
         it costs no debt, and it measures the level the bound's next decisions depend
         on (the plans' own levels, set against a reference from a faster run, would
         creep down by the slack alone). None otherwise."""
-        bound = self._default_bound
-        if bound is None or self.slack <= 0 or not self._bound_trusted():
-            return None
-        lv = bound.level_hi()
-        return lv if lv < self._last_min_level else None
+        lv = self._bound_level()
+        return lv if lv is not None and lv < self._last_min_level else None
 
     def _bound_trusted(self) -> bool:
         """Whether the model's plans hit closely enough for the default's bound, built
@@ -1175,6 +1172,18 @@ class TubeMPC:
                 return False
         return True
 
+    def _top_plan(self, t_ns: int) -> Plan:
+        """The top level from ``t_ns`` on, for this graph and any later one without a
+        plan."""
+        top = self.top
+        return Plan(first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_ns, top),))
+
+    def _droppable(self, d_lo: float, stalls: StallEstimate) -> bool:
+        """Whether a stall whose lower bound is ``d_lo`` ns may drop to the bottom level
+        (``DROP_SWITCHES``; ``stalls``: the stall kind's estimate, which must have seen
+        one)."""
+        return d_lo >= DROP_SWITCHES * self.switch_latency_ns and stalls.n > 0
+
     def _prefill_plan(self, n_tokens: int, t_ns: int) -> Plan | None:
         """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
         prepared plan with its times scaled to this prompt's length; none (the
@@ -1189,10 +1198,7 @@ class TubeMPC:
             # the prompt's first graph is learnt from, so at the first chunk it is still
             # the last request's (a generated 4-level tz profile ran a whole prompt at
             # its request-begin level that way: +16.7% TTFT at a 10% budget)
-            top = self.top
-            return Plan(
-                first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_ns, top),)
-            )
+            return self._top_plan(t_ns)
         if got is None:
             return None
         tpl, tokens, sw, first, predicted, margin = got
@@ -1210,9 +1216,7 @@ class TubeMPC:
                 for x in sw
             ]
         d_lo = self._sample_estimate().lower_ns
-        droppable = (
-            d_lo >= DROP_SWITCHES * self.switch_latency_ns and self._after_prefill.estimate().n > 0
-        )
+        droppable = self._droppable(d_lo, self._after_prefill.estimate())
         node_keyed = self.granularity in ("layer", "kernel")
         return Plan(
             first_level=first,
@@ -1298,7 +1302,7 @@ class TubeMPC:
         s_ns = self.switch_latency_ns
         tpl = self._templates.get("decode")
         d_med, d_lo, d_early = self._stall_ns(ahead)
-        droppable = d_lo >= DROP_SWITCHES * s_ns and self._sample_estimate(ahead).n > 0
+        droppable = self._droppable(d_lo, self._sample_estimate(ahead))
         if droppable and self.slack <= 0:
             # a stall that ends before its raise lands slows the next graph's start: at
             # slack 0 there is no budget for that (on an unseen 1.2 ms-switch profile
@@ -1312,10 +1316,7 @@ class TubeMPC:
             # noise, and a model that finds a block that a lower clock does not slow
             # is wrong by a little on many blocks (+0.3% TPOT on a generated adreno640
             # profile with a 50 us switch, +0.6% planning two graphs ahead)
-            top = self.top
-            return Plan(
-                first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_now, top),)
-            )
+            return self._top_plan(t_now)
         env = None if tpl is None or self.probe_due("decode") else self._envelope_probe()
         if tpl is None or self.probe_due("decode") or env is not None:
             # nothing to predict from yet, or the reference's top-level probe is due:
