@@ -272,6 +272,9 @@ def generated_gpu(seed: int):
 @example(seed=230)
 @example(seed=237)
 @example(seed=249)
+# stop 27: prompt plans made ahead per length, a 10-token prompt took the 16-token plan
+# with its timed switches scaled by the tokens, early (139: +2.33% TTFT at 2%, graph)
+@example(seed=139)
 def test_tmpc_keeps_the_budget_on_generated_gpus(seed):
     profile, slack, granularity, trace = generated_gpu(seed)
     tpot, ttft = _changes(profile, trace, slack, granularity)

@@ -241,3 +241,34 @@ def test_held_graphs_reach_the_planner_in_the_next_decode_and_their_plans_in_tim
     _, eager_seen = got[False]
     assert [g for g, _ in eager_seen][:5] == [g for g, _ in seen][:5]
     assert all(te < th for (_, te), (_, th) in zip(eager_seen[:5], seen[:5], strict=True))
+
+
+def test_a_prompt_of_two_micro_batches_is_one_batch_of_all_its_tokens():
+    # as live: DECODE_BEGIN carries the batch's tokens (the replay once gave the first
+    # micro-batch's, 512 of a 700-token prompt) and REQUEST_BEGIN the prompt's
+    from turboinfer_llama.engine.events import EventKind
+
+    trace = make_trace(requests=2, prompt_tokens=[12, 700], decode_tokens=2, seed=0)
+    graph_nodes = {}
+    for s in trace:
+        if s.kind == "kernel":
+            graph_nodes[s.graph] = graph_nodes.get(s.graph, 0) + 1
+    assert graph_nodes[3] == 2 * graph_nodes[0]  # two micro-batches of the same nodes
+    dev = SimGpu()
+    spy = Spy(make_controller("default", **for_device(dev)), dev)
+    got = []
+    inner = spy.on_event
+
+    def record(ev):
+        if ev.kind in (EventKind.REQUEST_BEGIN, EventKind.DECODE_BEGIN):
+            got.append((ev.kind, ev.n_tokens))
+        return inner(ev)
+
+    spy.on_event = record
+    replay(trace, spy, dev, seed=0)
+    assert got == [
+        (EventKind.REQUEST_BEGIN, 12), (EventKind.DECODE_BEGIN, 12),
+        (EventKind.DECODE_BEGIN, 1), (EventKind.DECODE_BEGIN, 1),
+        (EventKind.REQUEST_BEGIN, 700), (EventKind.DECODE_BEGIN, 700),
+        (EventKind.DECODE_BEGIN, 1), (EventKind.DECODE_BEGIN, 1),
+    ]  # fmt: skip

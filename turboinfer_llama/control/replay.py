@@ -632,6 +632,12 @@ def replay(
     if not getattr(controller, "uses_device_governor", False):
         device.governor = None
     timed, graphs = _shared_kernels(given_segments, segments)
+    # each request's prompt tokens, which the live REQUEST_BEGIN carries
+    prompt_tokens: dict[int, int] = {}
+    for nodes in graphs.values():
+        if nodes and nodes[0].phase == "prefill" and nodes[0].request >= 0:
+            req = nodes[0].request
+            prompt_tokens[req] = prompt_tokens.get(req, 0) + _batch_of(nodes)
     gran = ("kernel" if timed else "graph") if granularity == "auto" else granularity
     recorded = timing == "recorded"
     costs = NodeCosts()
@@ -917,7 +923,9 @@ def replay(
             request = seg.request
             r.request_begin[request] = device.now_ns()
             r.token_times[request] = []
-            r.emit(EventKind.REQUEST_BEGIN, detail=str(request))
+            r.emit(
+                EventKind.REQUEST_BEGIN, detail=str(request), n_tokens=prompt_tokens.get(request, 0)
+            )
         hole = seg.t_ns - rec_end if recorded and rec_end is not None else 0
         rec_end = seg.t_ns + seg.dur_ns
         if hole > 0:
@@ -1245,11 +1253,19 @@ def _batch(
 
 
 def _batch_of(nodes: list[Segment]) -> int:
-    """Tokens in a graph's batch: the columns of its first matrix multiply's input."""
+    """Tokens in a graph's batch, as the live DECODE_BEGIN gives them: the columns of
+    its first matrix multiply's input, summed over the micro-batches the batch was
+    split into (each runs that multiply once: a 968-token prompt in micro-batches of
+    512 is 512 + 456)."""
+    first = None
+    total = 0
     for nd in nodes:
         if nd.op.upper() == "MUL_MAT" and nd.shape is not None and nd.shape.src1_ne:
-            return int(nd.shape.src1_ne[1])
-    return 1
+            if first is None:
+                first = nd.name
+            if nd.name == first:
+                total += int(nd.shape.src1_ne[1])
+    return max(total, 1)
 
 
 def _result(

@@ -13,6 +13,8 @@ idle between requests ~0.3 s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..engine.events import NodeShape, StallKind
@@ -127,7 +129,7 @@ def make_trace(
     *,
     seed: int = 0,
     requests: int = 2,
-    prompt_tokens: int = 24,
+    prompt_tokens: int | Sequence[int] = 24,
     decode_tokens: int = 16,
     sample_ms: float = 3.0,
     sample_sigma: float = 0.25,
@@ -138,13 +140,17 @@ def make_trace(
     sample_ms_after_shift: float | None = None,
     after_prefill_ms: float | None = None,
     model: str = "gemma-3-270m",
+    ubatch_tokens: int = 512,
 ) -> list[Segment]:
     """Segments of ``requests`` requests, each a prefill then ``decode_tokens`` decode
     steps. ``kernel_timing=False`` gives a graph-granularity recording (no inter-kernel
     stalls, ``timed=False``). ``sample_ms_after_shift`` switches the sampling gap's
     median half way through the decode steps (a regime shift). ``after_prefill_ms``:
     the median of the stall after each prompt, where it differs from the decode's (a
-    server's first token out, a client's first chunk handling)."""
+    server's first token out, a client's first chunk handling). ``prompt_tokens``: one
+    length for every request, or one per request (cycled). A prompt longer than
+    ``ubatch_tokens`` is one graph of several micro-batches, each its own nodes in
+    turn, as llama.cpp splits a batch."""
     rng = np.random.default_rng(seed)
     segs: list[Segment] = []
     t = 0
@@ -166,10 +172,14 @@ def make_trace(
                 request=req - 1,
             )
         n_kv = 0
-        steps = [prompt_tokens] + [1] * decode_tokens
+        prompt = (
+            prompt_tokens
+            if isinstance(prompt_tokens, int)
+            else prompt_tokens[req % len(prompt_tokens)]
+        )
+        steps = [int(prompt)] + [1] * decode_tokens
         for tok, n_tokens in enumerate(steps):
             phase = "prefill" if tok == 0 else "decode"
-            n_kv += n_tokens
             add(
                 "stall",
                 submit_us * 1e3 * rng.lognormal(0, 0.2),
@@ -179,7 +189,13 @@ def make_trace(
                 token=tok,
                 graph=graph,
             )
-            nodes = graph_nodes(n_tokens, max(256, n_kv), model)
+            nodes = []
+            left = n_tokens
+            while left > 0:  # micro-batches
+                n_ub = min(left, ubatch_tokens)
+                n_kv += n_ub
+                left -= n_ub
+                nodes += graph_nodes(n_ub, max(256, n_kv), model)
             for i, (op, name, layer, shape) in enumerate(nodes):
                 if kernel_timing and i > 0:
                     add(

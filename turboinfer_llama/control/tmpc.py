@@ -122,6 +122,7 @@ behind the default governor. Its stalls, and a probe's, still drop to the bottom
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from typing import NamedTuple
 
@@ -147,6 +148,11 @@ _HIST_KEEP = 512  # applied switches kept for the per-node clock
 # every this many graphs of a phase, one runs wholly at the top level: its measured
 # time is the latency reference (see TubeMPC._reference_ns)
 PROBE_EVERY = 24
+# a probe within this share of the reference the earlier ones give doubles the interval
+# (up to PROBE_EVERY_MAX); one further off sets it back to PROBE_EVERY. Each probe runs
+# a graph at the top level (sim adreno650, gemma: ~30 mJ over a planned graph)
+PROBE_AGREE = 0.01
+PROBE_EVERY_MAX = 96
 PROBES_KEPT = 3  # the reference is the median of this many recent probes
 # conditions changed (another app's DRAM load came or went, a thermal cap): a probe
 # that differs from the reference the earlier ones give by more than this share is
@@ -182,9 +188,56 @@ BOUND_TRUST_TUBE = 0.2
 # the drop landed ~1 ms into the next graph (generated 14-level tz profile, 1.9 ms
 # switch: +5.9% TPOT at a 5% budget)
 DROP_SWITCHES = 2
+# prompts are planned ahead at these lengths (tokens): a prompt takes the plan of the
+# shortest at least as long, scaled to its own (``TubeMPC._prompt_ahead``)
+PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
+# the prompt plans are made again when the decode runs at a lower level than before, a
+# new prompt is learnt from, or the decode model's compute or memory efficiency or the
+# tube have moved by this much (relative; absolute for the tube): ~4 ms of planner time
+# each (9 lengths)
+PROMPT_REPLAN = 0.02
+# a prompt this many times longer than the one its time scale was measured on: the
+# model's absolute time at its length (not its ratio between levels, the plan's) may be
+# a few percent off, and the executor would raise the clock for a delay that is the
+# model's (sim adreno640, gemma: a 968-token prompt after a 24-token one, 5% in its
+# first layer): the plan's feedback waits for a delay of PROMPT_TOL of its time
+PROMPT_FAR, PROMPT_TOL = 4, 0.05
+# tokens per micro-batch a longer prompt is split into (llama.cpp's default n_ubatch)
+UBATCH_TOKENS = 512
+# a node whose compute per byte at a prompt's length is this many times its one-token
+# graph's is taken as compute-bound there (a weight matrix's product: its weights are
+# read once for every token of the micro-batch)
+GROWS_INTENSITY = 1.5
 # prompt envelopes kept (``TubeMPC._prompt_env``): a prompt's records may reach the
 # planner after the next request has begun
 _ENVELOPES_KEPT = 4
+
+
+class _PromptModel(NamedTuple):
+    """Each node's compute and memory time, affine in its micro-batch's tokens, and
+    the time model prompt plans are made under (``TubeMPC._prepare_prompt_plans``)."""
+
+    base_c: np.ndarray
+    slope_c: np.ndarray
+    base_m: np.ndarray
+    slope_m: np.ndarray
+    launch: np.ndarray
+    layer_out: np.ndarray
+    host_node: np.ndarray | None
+    host_ns: float
+    theta: np.ndarray
+    ratio: np.ndarray
+    coupling: np.ndarray
+    intensity_1: np.ndarray  # compute per memory time of the one-token graph's nodes
+    scale: float
+    seen: int
+
+
+def _ubatches(tokens: int) -> list[int]:
+    """The micro-batches (tokens each) a batch of ``tokens`` is split into."""
+    per = [UBATCH_TOKENS] * ((max(int(tokens), 1) - 1) // UBATCH_TOKENS)
+    per.append(max(int(tokens), 1) - sum(per))
+    return per
 
 
 class CautiousTables(NamedTuple):
@@ -285,6 +338,7 @@ class TubeMPC:
         self.phase = "prefill"
         self.solves = 0
         self.graphs = 0
+        self.probes = 0  # graphs run wholly at the top level to measure the reference
         self.granularity = "graph"
         self._hist_t: list[int] = []  # landing times of applied switches, ascending
         self._hist_lv: list[int] = []
@@ -321,6 +375,8 @@ class TubeMPC:
         )
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
+        # per phase: graphs between probes (PROBE_EVERY, doubled while probes agree)
+        self._probe_every: dict[str, int] = {}
         # per phase: probes still due at once (see PROBE_SHIFT)
         self._probe_burst: dict[str, int] = {}
         self._busy_last: int | None = None
@@ -337,7 +393,18 @@ class TubeMPC:
         # the next prompt's plan, made off the engine thread after each prompt graph:
         # (template, its tokens, per-block levels, switches at the template's length,
         # predicted ns, margin ns)
-        self._prefill_next: tuple[PhaseTemplate, int, list[Switch], int, float, float] | None = None
+        self._prefill_next: tuple | None = None
+        # the level of the first decode graph after a prompt (its plan comes only once
+        # it has begun: the planner learns the prompt then), made with each decode plan
+        self._after_prompt_lv = self.top
+        # the last one-micro-batch prompt graph, for prompt plans at other lengths:
+        # (compute ns, memory ns, launches, layer outputs, host gaps, host ns, busy ns,
+        # tokens)
+        self._prompt_fit: tuple | None = None
+        # prompt plans made ahead, per length (``PROMPT_BUCKETS``), and the model they
+        # were made under; replaced whole (the engine thread reads it)
+        self._prompt_ahead: tuple[_PromptModel | None, dict[int, tuple]] = (None, {})
+        self._prompt_plans_key: tuple = ()
         # the next prompt graph is its request's first (engine thread: set at
         # REQUEST_BEGIN, cleared by the prompt's first DECODE_BEGIN)
         self._prompt_first_chunk = True
@@ -481,7 +548,7 @@ class TubeMPC:
             if self._prompt_env is not None:
                 self._envelopes.append(self._prompt_env)
                 return self._envelope_plan(ev.t_ns)
-            lv = self._prefill_level()
+            lv = self._prefill_level(ev.n_tokens)
             return Plan(
                 first_level=lv,
                 fallback_level=lv,
@@ -679,6 +746,13 @@ class TubeMPC:
                     # the default is no faster than this prompt
                     ref = max(ref, measured)
                 self._prepare_prefill(g, b.n_tokens)
+                dec = self._templates.get("decode")
+                if b.n_tokens > 1 and (dec is None or b.n == dec.n):
+                    self._prompt_fit = (
+                        b.c_ns, b.m_ns, b.launch, b.layer_out, self._host_gaps(b, host),
+                        host, busy_ns, int(b.n_tokens),
+                    )  # fmt: skip
+                self._prepare_prompt_plans()
         else:
             ref = measured
             if self._default_bound is not None:
@@ -702,6 +776,21 @@ class TubeMPC:
         if self._default_bound is not None:
             self._bound_snap = (b.t_end_ns, self._default_bound.snapshot())
         self._graph = b.graph
+        if phase == "decode":
+            # the next prompt's plans, again at what the decode has taught the model
+            # (the levels run: a request's last graph may reach the planner only once
+            # the next prompt has begun)
+            th = self.model.phases["decode"].theta
+            key = (
+                self._lowest_seen.get("decode", self.top),
+                id(self._prompt_fit),
+                round(math.log(max(float(th[0]), 1e-9)) / PROMPT_REPLAN),
+                round(math.log(max(float(th[1]), 1e-9)) / PROMPT_REPLAN),
+                round(self.rel_err.estimate().upper_ns / PROMPT_REPLAN),
+            )
+            if key != self._prompt_plans_key:
+                self._prompt_plans_key = key
+                self._prepare_prompt_plans()
         for k in [k for k in self._planned if k <= b.graph]:
             del self._planned[k]
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
@@ -767,11 +856,16 @@ class TubeMPC:
             # a probe keeps its regressors (at the top clock), so its top-level time can
             # be re-evaluated under the current model for a 5-vector product
             burst = self._probe_burst.get(phase, 0)
-            if probes and abs(measured / self._probed_ref(pm, probes, top_ns) - 1.0) > PROBE_SHIFT:
+            off = abs(measured / self._probed_ref(pm, probes, top_ns) - 1.0) if probes else 1.0
+            if probes and off > PROBE_SHIFT:
                 burst = PROBES_KEPT - 1  # conditions changed: re-measure the median
             elif burst > 0:
                 burst -= 1
             self._probe_burst[phase] = burst
+            every = self._probe_every.get(phase, PROBE_EVERY)
+            every = min(2 * every, PROBE_EVERY_MAX) if off <= PROBE_AGREE else PROBE_EVERY
+            self._probe_every[phase] = every
+            self.probes += 1
             probe = _Probe(measured, x, host, work, (float(pm.theta[0]), float(pm.theta[1])))
             self._top_probe.setdefault(phase, deque(maxlen=PROBES_KEPT)).append(probe)
             self._since_probe[phase] = 0
@@ -1033,7 +1127,8 @@ class TubeMPC:
             return False
         if self._probe_burst.get(phase, 0) > 0:
             return True  # conditions changed: the reference is re-measured
-        return self._since_probe.get(phase, PROBE_EVERY) >= PROBE_EVERY
+        every = self._probe_every.get(phase, PROBE_EVERY)
+        return self._since_probe.get(phase, every) >= every
 
     # ---- the optimisation -----------------------------------------------------------
 
@@ -1055,7 +1150,7 @@ class TubeMPC:
         early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
-    def _prefill_level(self) -> int:
+    def _prefill_level(self, n_tokens: int = 0) -> int:
         """The level a request starts its prompt at (the raise at REQUEST_BEGIN): the
         prepared prompt plan's first (:meth:`_prepare_prefill`); else the cheapest
         single level whose time, every level below the top at its worst case, keeps
@@ -1065,8 +1160,9 @@ class TubeMPC:
         tpl = self._templates.get("prefill")
         if tpl is None:
             return self.top
-        if self._prefill_next is not None:
-            return self._prefill_next[3]
+        got = self._prompt_plan_for(int(n_tokens))
+        if got is not None:
+            return got[3]
         r = self.rel_err.estimate().upper_ns
         ct = self._cautious("prefill", tpl)
         ok = ct.graph_ns * (1.0 + r) <= ct.graph_ns[self.top] * (1.0 + self.slack)
@@ -1102,19 +1198,150 @@ class TubeMPC:
         self._prefill_next = None
         if self.planning is False or tpl.n == 0:
             return
+        self._prefill_next = self._solve_prompt(tpl, self._cautious("prefill", tpl), n_tokens)
+
+    def _solve_prompt(self, tpl: PhaseTemplate, ct: CautiousTables, n_tokens: int) -> tuple | None:
+        """A prompt's per-block plan from its template's tables ``ct``: (template,
+        tokens, switches, first level, predicted ns, margin ns), or None where nothing
+        fits."""
         r = self.rel_err.estimate().upper_ns
-        ct = self._cautious("prefill", tpl)
         top_t = float(ct.graph_ns[self.top])
         cap = top_t * (1.0 + self.slack / (1.0 + r))
         risky = ct.block_ns + self._timing_risk(tpl, ct.block_ns, r)
         got = block_levels(ct.block_energy_j, risky, cap)
         if got is None:
-            return
+            return None
         blocks = dwell_merge(got[0], ct.block_ns, self.switch_latency_ns)
         used = float(risky[np.arange(len(blocks)), blocks].sum())
         sw, predicted = self._block_switches(tpl, blocks)
         margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
-        self._prefill_next = (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin)
+        return (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks)
+
+    def _prepare_prompt_plans(self) -> None:
+        """Plans for the next prompt at each of ``PROMPT_BUCKETS`` tokens (off the
+        engine thread), where a one-token graph and a one-micro-batch prompt graph of
+        the same nodes have run: each node's compute and memory time is taken as
+        affine in the micro-batch's tokens through the two, and micro-batches of
+        ``UBATCH_TOKENS`` follow each other. A prompt's time per level depends on its
+        length -- a short one streams the weights as a decode graph does, a long one
+        computes -- so the plan made from the last prompt alone held every level below
+        the top at its worst case, or took a short prompt's blocks for a long one's
+        (sim adreno650, gemma recording: a 968-token prompt was planned from an 11-token
+        one, its times scaled 88x).
+
+        The time model is the decode phase's (its levels run, so measured), scaled to
+        the prompt's measured time; a node that computes more per byte at the prompt's
+        length than in the one-token graph (``GROWS_INTENSITY``: a weight matrix's
+        product) is taken as wholly compute-bound there, slowed by the whole clock
+        ratio below the top; every node below the lowest level the decode has run at
+        at its worst case (:meth:`_cautious`)."""
+        dec, fit = self._templates.get("decode"), self._prompt_fit
+        if not self.planning or dec is None or fit is None or len(fit[0]) != dec.n:
+            self._prompt_ahead = (None, {})
+            return
+        c1, m1, launch, layer_out, host_node, host, busy, n1 = fit
+        pm = self.model.phases["decode"]
+        theta = pm.theta_now()
+        _, ratio, coupling = pm.level_terms(self.levels_hz)
+        slope_c = np.maximum(c1 - dec.c_ns, 0.0) / (n1 - 1)
+        slope_m = np.maximum(m1 - dec.m_ns, 0.0) / (n1 - 1)
+        # the measured prompt against the decode's model: the time scale
+        ones, zeros = np.ones(1), np.zeros(1)
+        k1 = plan_native.kernel_times_numpy(c1, m1, launch, theta, ones, zeros)[0]
+        seen = self._lowest_seen.get("decode", self.top) if self.clock_coupled else self.top
+        aff = _PromptModel(
+            np.maximum(dec.c_ns - slope_c, 0.0), slope_c,
+            np.maximum(dec.m_ns - slope_m, 0.0), slope_m,
+            launch, layer_out, host_node, host, theta, ratio, coupling,
+            dec.c_ns / np.maximum(dec.m_ns, 1e-9), busy / max(float(k1.sum()), 1.0), seen,
+        )  # fmt: skip
+        plans: dict[int, tuple] = {}
+        for tokens in PROMPT_BUCKETS:
+            tpl = self._prompt_template(aff, _ubatches(tokens))
+            got = self._solve_prompt(tpl, CautiousTables(*tpl.safe), tokens)
+            if got is not None:
+                plans[tokens] = got
+        self._prompt_ahead = (aff, plans)
+
+    @staticmethod
+    def _prompt_work(
+        aff: _PromptModel, per: list[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Compute ns, memory ns and launches of a prompt of micro-batches ``per``, a
+        node that computes more per byte than in the one-token graph made wholly
+        compute-bound at its top-level time (every lower clock slows it fully)."""
+        k = len(per)
+        c = np.concatenate([aff.base_c + aff.slope_c * n for n in per])
+        m = np.concatenate([aff.base_m + aff.slope_m * n for n in per])
+        lau = np.tile(aff.launch, k)
+        grows = c / np.maximum(m, 1e-9) > GROWS_INTENSITY * np.tile(aff.intensity_1, k)
+        if grows.any():
+            ones, zeros = np.ones(1), np.zeros(1)
+            hi = plan_native.kernel_times_numpy(c, m, lau, aff.theta, ones, zeros)[3][:, 0]
+            c = np.where(grows, hi / max(float(aff.theta[0]), 1e-9), c)
+            m = np.where(grows, 0.0, m)
+        return c, m, lau
+
+    def _prompt_template(self, aff: _PromptModel, per: list[int]) -> PhaseTemplate:
+        """The tabulated template of a prompt whose micro-batches hold ``per`` tokens
+        (:meth:`_prepare_prompt_plans`)."""
+        k = len(per)
+        c, m, lau = self._prompt_work(aff, per)
+        tpl = PhaseTemplate(c, m, lau, np.tile(aff.layer_out, k))
+        gaps = None if aff.host_node is None else np.tile(aff.host_node, k)
+        tpl.tabulate(
+            aff.theta, aff.ratio, aff.coupling, aff.host_ns * k, self.power, aff.scale, gaps,
+            self._worst_ratio, aff.seen,
+        )  # fmt: skip
+        return tpl
+
+    def _retimed(
+        self,
+        aff: _PromptModel,
+        per: list[int],
+        tpl: PhaseTemplate,
+        blocks: np.ndarray,
+        sw: list[Switch],
+    ) -> tuple[list[Switch], float]:
+        """A prompt plan's switches (made at ``tpl``'s length) with their times moved to
+        a prompt of micro-batches ``per`` (as many nodes): each time goes through the
+        two lengths' elapsed time at the plan's levels, node by node. Inline on the
+        engine thread: node times at the plan's levels only (~50 us for gemma), no
+        tabulation."""
+        lv_node = np.repeat(blocks, np.diff(tpl.edges))
+        ends_b = np.cumsum(tpl.node_ns(lv_node))
+        c, m, lau = self._prompt_work(aff, per)
+        th = aff.theta
+        # plan_native.kernel_times_numpy at each node's own level only
+        a = c * (th[0] * aff.ratio[lv_node])
+        b = m * (th[1] + th[4] * aff.coupling[lv_node])
+        floor = th[3] * plan_native.LAUNCH_NS * lau
+        kern = np.maximum(np.maximum(a, b) + th[2] * np.minimum(a, b), floor)
+        ends_n = np.cumsum(kern * aff.scale + tpl.host_ns)
+        s_ns = self.switch_latency_ns
+        timed = [i for i, x in enumerate(sw) if x.anchor is Anchor.OFFSET or x.expect_ns >= 0]
+        t_b = [
+            sw[i].key + s_ns if sw[i].anchor is Anchor.OFFSET else sw[i].expect_ns for i in timed
+        ]
+        t_n = np.interp(t_b, ends_b, ends_n).tolist()
+        out = list(sw)
+        for i, t in zip(timed, t_n, strict=True):
+            x = sw[i]
+            if x.anchor is Anchor.OFFSET:
+                out[i] = Switch(x.anchor, max(0, int(t - s_ns)), x.level, x.expect_ns)
+            else:
+                out[i] = Switch(x.anchor, x.key, x.level, int(t))
+        return out, float(ends_n[-1])
+
+    def _prompt_plan_for(self, n_tokens: int) -> tuple | None:
+        """The plan made ahead for a prompt of ``n_tokens``: the shortest bucket at
+        least as long (a longer prompt computes more per byte, so its levels slow it at
+        least as much), else the longest; the last prompt's own where none was made."""
+        plans = self._prompt_ahead[1]  # replaced whole by the planner: one read
+        if not plans:
+            return self._prefill_next
+        fit = [t for t in plans if t >= n_tokens]
+        return plans[min(fit)] if fit else plans[max(plans)]
 
     def _prompt_envelope(self, t_ns: int) -> list[tuple[int, int]] | None:
         """The default's level bound over a prompt that begins at ``t_ns`` (a request's
@@ -1178,6 +1405,17 @@ class TubeMPC:
         top = self.top
         return Plan(first_level=top, fallback_level=top, switches=(Switch(Anchor.TIME, t_ns, top),))
 
+    def _flat_level(self, energy_j: np.ndarray, time_ns: np.ndarray, budget_ns: float) -> int:
+        """The cheapest level a whole graph may run at, flat: its time (``time_ns`` per
+        level, the gain and the cautious tables' worst cases in) within ``budget_ns``
+        (the next graph's own, tube and debt in); the top level where none fits. For
+        the first decode graph after a prompt, which starts with no plan of its own
+        and ran at the top level (sim adreno650, gemma recording: 4 such graphs, 0.12
+        J of the 0.29 J decode gap to the oracle)."""
+        ok = time_ns <= budget_ns
+        ok[self.top] = True
+        return int(np.where(ok, energy_j, np.inf).argmin())
+
     def _droppable(self, d_lo: float, stalls: StallEstimate) -> bool:
         """Whether a stall whose lower bound is ``d_lo`` ns may drop to the bottom level
         (``DROP_SWITCHES``; ``stalls``: the stall kind's estimate, which must have seen
@@ -1189,7 +1427,7 @@ class TubeMPC:
         prepared plan with its times scaled to this prompt's length; none (the
         request's level holds) when there is none, or when this request's prompt has
         already fallen behind its reference (a later chunk of a long prompt)."""
-        got = self._prefill_next
+        got = self._prompt_plan_for(int(n_tokens))
         first_chunk, self._prompt_first_chunk = self._prompt_first_chunk, False
         if not first_chunk and self._acc["prefill"][0] > 0:
             # a later chunk of a prompt already behind its reference: the top level
@@ -1201,8 +1439,27 @@ class TubeMPC:
             return self._top_plan(t_ns)
         if got is None:
             return None
-        tpl, tokens, sw, first, predicted, margin = got
+        tpl, tokens, sw, first, predicted, margin, blocks = got
         scale = max(int(n_tokens), 1) / tokens
+        aff, plans = self._prompt_ahead
+        per = _ubatches(n_tokens)
+        if (
+            scale != 1.0
+            and aff is not None
+            and got is plans.get(tokens)
+            and len(per) * len(aff.launch) == tpl.n
+        ):
+            # the plan's times again at this prompt's own length (scaled by its tokens,
+            # a 10-token prompt's timed switches, planned at 16, fired early: a node's
+            # fixed time -- its weights -- does not shrink with the tokens; and the
+            # first micro-batch's checkpoints of a 968-token prompt came 5% early)
+            sw, predicted = self._retimed(aff, per, tpl, blocks, sw)
+            margin, scale = margin * predicted / max(got[4], 1.0), 1.0
+        fit = self._prompt_fit
+        if aff is not None and fit is not None and n_tokens > PROMPT_FAR * fit[7]:
+            # far beyond the prompt its time scale was measured on: the model's absolute
+            # time (not its ratio between levels) may be off by a few percent
+            margin = max(margin, PROMPT_TOL * predicted)
         if scale != 1.0:
             sw = [
                 x
@@ -1221,7 +1478,7 @@ class TubeMPC:
         return Plan(
             first_level=first,
             end_level=0 if droppable else -1,
-            fallback_level=self.top,
+            fallback_level=self._after_prompt_lv,
             n_nodes=tpl.n,
             predicted_ns=int(predicted * scale),
             margin_ns=int(margin * scale),
@@ -1394,6 +1651,15 @@ class TubeMPC:
                 float(time_ns[0, first]),
             )
         used = used_here + future
+        # after a prompt the default is at the top level (the bound puts it there): the
+        # first decode graph's reference is the top level's, not the bound's
+        ref_ap = float(tpl.graph_ns[ref_lvl])
+        if self.clock_coupled:
+            top_ref = self._top_ref_ns.get("decode", self._last_ref_ns.get("decode", 0.0))
+            ref_ap = max(ref_ap, top_ref)
+        allowed_ap = self.slack * (ref_elapsed + ref_ap + d_base) - debt
+        budget_ap = ref_ap + (allowed_ap - stall_tube / nc) / (1.0 + r)
+        self._after_prompt_lv = self._flat_level(ct.energy_j, time_ns[0], budget_ap)
         env_lv = self._bound_level()
         # (a solved plan wholly at that level sums the same energies another way: equal
         # but for rounding, which must not pick; the solved plan keeps its stall's drop
