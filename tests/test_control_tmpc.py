@@ -321,3 +321,16 @@ def test_a_long_prompt_after_a_short_one_is_planned_at_its_own_length():
     assert not any(a.source == "feedback" for a in below)  # no raise for a false delay
     assert got.ttft_ms <= (1.05 + TOLERANCE) * base.ttft_ms
     assert got.tpot_ms <= (1.05 + TOLERANCE) * base.tpot_ms
+
+
+def test_prompt_plans_follow_the_micro_batch_size_prompt_graphs_show():
+    # llama.cpp splits a batch into n_ubatch-token micro-batches (512 by default); a
+    # 700-token prompt run as three shows 256, and a later prompt's plan has its nodes
+    trace = make_trace(
+        requests=3, prompt_tokens=[12, 700, 600], decode_tokens=6, seed=5, ubatch_tokens=256
+    )
+    ctl, base, got = _tmpc_on(trace, 0.05)
+    assert ctl._ubatch == 256
+    plan = ctl._prompt_plan_for(600)
+    assert plan is not None and plan[0].n == 3 * ctl._templates["decode"].n
+    assert got.ttft_ms <= (1.05 + TOLERANCE) * base.ttft_ms

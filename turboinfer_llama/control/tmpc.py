@@ -188,9 +188,10 @@ BOUND_TRUST_TUBE = 0.2
 # the drop landed ~1 ms into the next graph (generated 14-level tz profile, 1.9 ms
 # switch: +5.9% TPOT at a 5% budget)
 DROP_SWITCHES = 2
-# prompts are planned ahead at these lengths (tokens): a prompt takes the plan of the
-# shortest at least as long, scaled to its own (``TubeMPC._prompt_ahead``)
-PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
+# prompts are planned ahead at lengths (tokens) from PROMPT_SHORTEST up to a
+# micro-batch in powers of two, then of PROMPT_UBATCHES micro-batches: a prompt takes the
+# plan of the shortest at least as long, timed again at its own (``_prompt_lengths``)
+PROMPT_SHORTEST, PROMPT_UBATCHES = 16, (2, 3, 4)
 # the prompt plans are made again when the decode runs at a lower level than before, a
 # new prompt is learnt from, or the decode model's compute or memory efficiency or the
 # tube have moved by this much (relative; absolute for the tube): ~4 ms of planner time
@@ -202,7 +203,8 @@ PROMPT_REPLAN = 0.02
 # model's (sim adreno640, gemma: a 968-token prompt after a 24-token one, 5% in its
 # first layer): the plan's feedback waits for a delay of PROMPT_TOL of its time
 PROMPT_FAR, PROMPT_TOL = 4, 0.05
-# tokens per micro-batch a longer prompt is split into (llama.cpp's default n_ubatch)
+# tokens per micro-batch a longer prompt is split into (llama.cpp's default n_ubatch),
+# until a prompt graph of several shows another
 UBATCH_TOKENS = 512
 # a node whose compute per byte at a prompt's length is this many times its one-token
 # graph's is taken as compute-bound there (a weight matrix's product: its weights are
@@ -231,13 +233,33 @@ class _PromptModel(NamedTuple):
     intensity_1: np.ndarray  # compute per memory time of the one-token graph's nodes
     scale: float
     seen: int
+    ubatch: int  # tokens per micro-batch
 
 
-def _ubatches(tokens: int) -> list[int]:
+def _ubatches(tokens: int, ubatch: int = UBATCH_TOKENS) -> list[int]:
     """The micro-batches (tokens each) a batch of ``tokens`` is split into."""
-    per = [UBATCH_TOKENS] * ((max(int(tokens), 1) - 1) // UBATCH_TOKENS)
+    per = [ubatch] * ((max(int(tokens), 1) - 1) // ubatch)
     per.append(max(int(tokens), 1) - sum(per))
     return per
+
+
+def _prompt_lengths(ubatch: int) -> list[int]:
+    """The prompt lengths planned ahead (``PROMPT_SHORTEST``, ``PROMPT_UBATCHES``)."""
+    out, n = [], PROMPT_SHORTEST
+    while n < ubatch:
+        out.append(n)
+        n *= 2
+    return out + [ubatch] + [k * ubatch for k in PROMPT_UBATCHES]
+
+
+def _ubatch_seen(tokens: int, parts: int, ubatch: int) -> int:
+    """The micro-batch size a batch of ``tokens`` run as ``parts`` micro-batches shows
+    (llama.cpp's n_ubatch, a power of two: the least that splits it so), or ``ubatch``
+    where that already does."""
+    if len(_ubatches(tokens, ubatch)) == parts:
+        return ubatch
+    need = -(-int(tokens) // max(int(parts), 1))
+    return 1 << max(need - 1, 0).bit_length()
 
 
 class CautiousTables(NamedTuple):
@@ -401,9 +423,10 @@ class TubeMPC:
         # (compute ns, memory ns, launches, layer outputs, host gaps, host ns, busy ns,
         # tokens)
         self._prompt_fit: tuple | None = None
-        # prompt plans made ahead, per length (``PROMPT_BUCKETS``), and the model they
+        # prompt plans made ahead, per length (``_prompt_lengths``), and the model they
         # were made under; replaced whole (the engine thread reads it)
         self._prompt_ahead: tuple[_PromptModel | None, dict[int, tuple]] = (None, {})
+        self._ubatch = UBATCH_TOKENS  # tokens per micro-batch, as prompt graphs show it
         self._prompt_plans_key: tuple = ()
         # the next prompt graph is its request's first (engine thread: set at
         # REQUEST_BEGIN, cleared by the prompt's first DECODE_BEGIN)
@@ -747,6 +770,8 @@ class TubeMPC:
                     ref = max(ref, measured)
                 self._prepare_prefill(g, b.n_tokens)
                 dec = self._templates.get("decode")
+                if dec is not None and dec.n and b.n % dec.n == 0:
+                    self._ubatch = _ubatch_seen(b.n_tokens, b.n // dec.n, self._ubatch)
                 if b.n_tokens > 1 and (dec is None or b.n == dec.n):
                     self._prompt_fit = (
                         b.c_ns, b.m_ns, b.launch, b.layer_out, self._host_gaps(b, host),
@@ -1218,7 +1243,7 @@ class TubeMPC:
         return (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks)
 
     def _prepare_prompt_plans(self) -> None:
-        """Plans for the next prompt at each of ``PROMPT_BUCKETS`` tokens (off the
+        """Plans for the next prompt at each of ``_prompt_lengths`` (off the
         engine thread), where a one-token graph and a one-micro-batch prompt graph of
         the same nodes have run: each node's compute and memory time is taken as
         affine in the micro-batch's tokens through the two, and micro-batches of
@@ -1254,10 +1279,11 @@ class TubeMPC:
             np.maximum(dec.m_ns - slope_m, 0.0), slope_m,
             launch, layer_out, host_node, host, theta, ratio, coupling,
             dec.c_ns / np.maximum(dec.m_ns, 1e-9), busy / max(float(k1.sum()), 1.0), seen,
+            self._ubatch,
         )  # fmt: skip
         plans: dict[int, tuple] = {}
-        for tokens in PROMPT_BUCKETS:
-            tpl = self._prompt_template(aff, _ubatches(tokens))
+        for tokens in _prompt_lengths(aff.ubatch):
+            tpl = self._prompt_template(aff, _ubatches(tokens, aff.ubatch))
             got = self._solve_prompt(tpl, CautiousTables(*tpl.safe), tokens)
             if got is not None:
                 plans[tokens] = got
@@ -1442,7 +1468,7 @@ class TubeMPC:
         tpl, tokens, sw, first, predicted, margin, blocks = got
         scale = max(int(n_tokens), 1) / tokens
         aff, plans = self._prompt_ahead
-        per = _ubatches(n_tokens)
+        per = _ubatches(n_tokens, aff.ubatch if aff is not None else UBATCH_TOKENS)
         if (
             scale != 1.0
             and aff is not None
