@@ -189,14 +189,16 @@ BOUND_TRUST_TUBE = 0.2
 # switch: +5.9% TPOT at a 5% budget)
 DROP_SWITCHES = 2
 # prompts are planned ahead at lengths (tokens) from PROMPT_SHORTEST up to a
-# micro-batch in powers of two, then of PROMPT_UBATCHES micro-batches: a prompt takes the
+# micro-batch in steps of PROMPT_STEP times, then of PROMPT_UBATCHES micro-batches (the
+# plan made at a longer length runs its lower levels on the blocks that are memory-
+# bound there, and a shorter prompt is no more compute-bound): a prompt takes the
 # plan of the shortest at least as long, timed again at its own (``_prompt_lengths``)
-PROMPT_SHORTEST, PROMPT_UBATCHES = 16, (2, 3, 4)
-# the prompt plans are made again when the decode runs at a lower level than before, a
-# new prompt is learnt from, or the decode model's compute or memory efficiency or the
-# tube have moved by this much (relative; absolute for the tube): ~4 ms of planner time
-# each (9 lengths)
-PROMPT_REPLAN = 0.02
+PROMPT_SHORTEST, PROMPT_STEP, PROMPT_UBATCHES = 16, 4, (2, 3, 4)
+# the prompt plans are made again when the decode runs at a lower level than before or
+# a new prompt is learnt from, and, at most every PROMPT_REPLAN_GRAPHS graphs, when the
+# decode model's compute or memory efficiency or the tube have moved by PROMPT_REPLAN
+# (relative; absolute for the tube): ~3 ms of planner time each (7 lengths)
+PROMPT_REPLAN, PROMPT_REPLAN_GRAPHS = 0.02, 16
 # a prompt this many times longer than the one its time scale was measured on: the
 # model's absolute time at its length (not its ratio between levels, the plan's) may be
 # a few percent off, and the executor would raise the clock for a delay that is the
@@ -236,6 +238,21 @@ class _PromptModel(NamedTuple):
     ubatch: int  # tokens per micro-batch
 
 
+class _RetimeAid(NamedTuple):
+    """A prompt plan made ahead, as ``TubeMPC._retimed`` times it again at another
+    length: its elapsed time at each node's end, each node's roofline factors at its
+    planned level, and its timed switches (index, time at the plan's length)."""
+
+    ends_ns: np.ndarray
+    ra: np.ndarray  # compute-side factor: th_c f_max/f
+    rb: np.ndarray  # memory-side factor: th_m + th_d coupling
+    th_x: float
+    floor: np.ndarray
+    host: np.ndarray
+    timed: list[int]
+    t_b: np.ndarray
+
+
 def _ubatches(tokens: int, ubatch: int = UBATCH_TOKENS) -> list[int]:
     """The micro-batches (tokens each) a batch of ``tokens`` is split into."""
     per = [ubatch] * ((max(int(tokens), 1) - 1) // ubatch)
@@ -248,7 +265,7 @@ def _prompt_lengths(ubatch: int) -> list[int]:
     out, n = [], PROMPT_SHORTEST
     while n < ubatch:
         out.append(n)
-        n *= 2
+        n *= PROMPT_STEP
     return out + [ubatch] + [k * ubatch for k in PROMPT_UBATCHES]
 
 
@@ -427,7 +444,7 @@ class TubeMPC:
         # were made under; replaced whole (the engine thread reads it)
         self._prompt_ahead: tuple[_PromptModel | None, dict[int, tuple]] = (None, {})
         self._ubatch = UBATCH_TOKENS  # tokens per micro-batch, as prompt graphs show it
-        self._prompt_plans_key: tuple = ()
+        self._prompt_plans_key: tuple = ((), (), 0)  # (key, moved, at graph)
         # the next prompt graph is its request's first (engine thread: set at
         # REQUEST_BEGIN, cleared by the prompt's first DECODE_BEGIN)
         self._prompt_first_chunk = True
@@ -806,15 +823,17 @@ class TubeMPC:
             # (the levels run: a request's last graph may reach the planner only once
             # the next prompt has begun)
             th = self.model.phases["decode"].theta
-            key = (
-                self._lowest_seen.get("decode", self.top),
-                id(self._prompt_fit),
+            key = (self._lowest_seen.get("decode", self.top), id(self._prompt_fit))
+            moved = (
                 round(math.log(max(float(th[0]), 1e-9)) / PROMPT_REPLAN),
                 round(math.log(max(float(th[1]), 1e-9)) / PROMPT_REPLAN),
                 round(self.rel_err.estimate().upper_ns / PROMPT_REPLAN),
             )
-            if key != self._prompt_plans_key:
-                self._prompt_plans_key = key
+            last_key, last_moved, at = self._prompt_plans_key
+            if key != last_key or (
+                moved != last_moved and self.graphs - at >= PROMPT_REPLAN_GRAPHS
+            ):
+                self._prompt_plans_key = (key, moved, self.graphs)
                 self._prepare_prompt_plans()
         for k in [k for k in self._planned if k <= b.graph]:
             del self._planned[k]
@@ -1286,7 +1305,7 @@ class TubeMPC:
             tpl = self._prompt_template(aff, _ubatches(tokens, aff.ubatch))
             got = self._solve_prompt(tpl, CautiousTables(*tpl.safe), tokens)
             if got is not None:
-                plans[tokens] = got
+                plans[tokens] = (*got, self._retime_aid(aff, tpl, got))
         self._prompt_ahead = (aff, plans)
 
     @staticmethod
@@ -1297,14 +1316,25 @@ class TubeMPC:
         node that computes more per byte than in the one-token graph made wholly
         compute-bound at its top-level time (every lower clock slows it fully)."""
         k = len(per)
-        c = np.concatenate([aff.base_c + aff.slope_c * n for n in per])
-        m = np.concatenate([aff.base_m + aff.slope_m * n for n in per])
-        lau = np.tile(aff.launch, k)
-        grows = c / np.maximum(m, 1e-9) > GROWS_INTENSITY * np.tile(aff.intensity_1, k)
+        if k == 1:
+            c, m, lau = (
+                aff.base_c + aff.slope_c * per[0],
+                aff.base_m + aff.slope_m * per[0],
+                aff.launch,
+            )
+            grows = c > (GROWS_INTENSITY * aff.intensity_1) * np.maximum(m, 1e-9)
+        else:
+            c = np.concatenate([aff.base_c + aff.slope_c * n for n in per])
+            m = np.concatenate([aff.base_m + aff.slope_m * n for n in per])
+            lau = np.tile(aff.launch, k)
+            grows = c > np.tile(GROWS_INTENSITY * aff.intensity_1, k) * np.maximum(m, 1e-9)
         if grows.any():
-            ones, zeros = np.ones(1), np.zeros(1)
-            hi = plan_native.kernel_times_numpy(c, m, lau, aff.theta, ones, zeros)[3][:, 0]
-            c = np.where(grows, hi / max(float(aff.theta[0]), 1e-9), c)
+            # the roof at the top level (plan_native.kernel_times_numpy, ratio 1)
+            th = aff.theta
+            a, b = c * th[0], m * th[1]
+            hi = np.maximum(a, b)
+            hi += th[2] * np.minimum(a, b)
+            c = np.where(grows, hi / max(float(th[0]), 1e-9), c)
             m = np.where(grows, 0.0, m)
         return c, m, lau
 
@@ -1321,37 +1351,47 @@ class TubeMPC:
         )  # fmt: skip
         return tpl
 
-    def _retimed(
-        self,
-        aff: _PromptModel,
-        per: list[int],
-        tpl: PhaseTemplate,
-        blocks: np.ndarray,
-        sw: list[Switch],
-    ) -> tuple[list[Switch], float]:
-        """A prompt plan's switches (made at ``tpl``'s length) with their times moved to
-        a prompt of micro-batches ``per`` (as many nodes): each time goes through the
-        two lengths' elapsed time at the plan's levels, node by node. Inline on the
-        engine thread: node times at the plan's levels only (~50 us for gemma), no
-        tabulation."""
+    def _retime_aid(self, aff: _PromptModel, tpl: PhaseTemplate, got: tuple) -> _RetimeAid:
+        """What :meth:`_retimed` needs of a plan made ahead, at its own length."""
+        sw, blocks = got[2], got[6]
         lv_node = np.repeat(blocks, np.diff(tpl.edges))
-        ends_b = np.cumsum(tpl.node_ns(lv_node))
-        c, m, lau = self._prompt_work(aff, per)
         th = aff.theta
-        # plan_native.kernel_times_numpy at each node's own level only
-        a = c * (th[0] * aff.ratio[lv_node])
-        b = m * (th[1] + th[4] * aff.coupling[lv_node])
-        floor = th[3] * plan_native.LAUNCH_NS * lau
-        kern = np.maximum(np.maximum(a, b) + th[2] * np.minimum(a, b), floor)
-        ends_n = np.cumsum(kern * aff.scale + tpl.host_ns)
-        s_ns = self.switch_latency_ns
         timed = [i for i, x in enumerate(sw) if x.anchor is Anchor.OFFSET or x.expect_ns >= 0]
-        t_b = [
-            sw[i].key + s_ns if sw[i].anchor is Anchor.OFFSET else sw[i].expect_ns for i in timed
-        ]
-        t_n = np.interp(t_b, ends_b, ends_n).tolist()
+        s_ns = self.switch_latency_ns
+        return _RetimeAid(
+            np.cumsum(tpl.node_ns(lv_node)),
+            th[0] * aff.ratio[lv_node],
+            th[1] + th[4] * aff.coupling[lv_node],
+            float(th[2]),
+            th[3] * plan_native.LAUNCH_NS * tpl.launch,
+            tpl.host_ns,
+            timed,
+            np.array(
+                [
+                    sw[i].key + s_ns if sw[i].anchor is Anchor.OFFSET else sw[i].expect_ns
+                    for i in timed
+                ],
+                dtype=np.float64,
+            ),
+        )
+
+    def _retimed(
+        self, aff: _PromptModel, per: list[int], aid: _RetimeAid, sw: list[Switch]
+    ) -> tuple[list[Switch], float]:
+        """A prompt plan's switches (made ahead at another length) with their times
+        moved to a prompt of micro-batches ``per`` (as many nodes): each time goes
+        through the two lengths' elapsed time at the plan's levels, node by node.
+        Inline on the engine thread (~80 us for gemma): node times at the plan's levels
+        only, all else made ahead (``_RetimeAid``)."""
+        c, m, _ = self._prompt_work(aff, per)
+        a = c * aid.ra
+        b = m * aid.rb
+        kern = np.maximum(np.maximum(a, b) + aid.th_x * np.minimum(a, b), aid.floor)
+        ends_n = np.cumsum(kern * aff.scale + aid.host)
+        t_n = np.interp(aid.t_b, aid.ends_ns, ends_n).tolist()
+        s_ns = self.switch_latency_ns
         out = list(sw)
-        for i, t in zip(timed, t_n, strict=True):
+        for i, t in zip(aid.timed, t_n, strict=True):
             x = sw[i]
             if x.anchor is Anchor.OFFSET:
                 out[i] = Switch(x.anchor, max(0, int(t - s_ns)), x.level, x.expect_ns)
@@ -1465,7 +1505,7 @@ class TubeMPC:
             return self._top_plan(t_ns)
         if got is None:
             return None
-        tpl, tokens, sw, first, predicted, margin, blocks = got
+        tpl, tokens, sw, first, predicted, margin = got[:6]
         scale = max(int(n_tokens), 1) / tokens
         aff, plans = self._prompt_ahead
         per = _ubatches(n_tokens, aff.ubatch if aff is not None else UBATCH_TOKENS)
@@ -1479,7 +1519,7 @@ class TubeMPC:
             # a 10-token prompt's timed switches, planned at 16, fired early: a node's
             # fixed time -- its weights -- does not shrink with the tokens; and the
             # first micro-batch's checkpoints of a 968-token prompt came 5% early)
-            sw, predicted = self._retimed(aff, per, tpl, blocks, sw)
+            sw, predicted = self._retimed(aff, per, got[7], sw)
             margin, scale = margin * predicted / max(got[4], 1.0), 1.0
         fit = self._prompt_fit
         if aff is not None and fit is not None and n_tokens > PROMPT_FAR * fit[7]:
