@@ -334,3 +334,16 @@ def test_prompt_plans_follow_the_micro_batch_size_prompt_graphs_show():
     plan = ctl._prompt_plan_for(600)
     assert plan is not None and plan[0].n == 3 * ctl._templates["decode"].n
     assert got.ttft_ms <= (1.05 + TOLERANCE) * base.ttft_ms
+
+
+def test_micro_batches_and_the_prompt_lengths_planned_ahead():
+    from turboinfer_llama.control.tmpc import _prompt_lengths, _ubatch_seen, _ubatches
+
+    assert _ubatches(968) == [512, 456] and _ubatches(512) == [512] and _ubatches(1) == [1]
+    assert _ubatches(968, 256) == [256, 256, 256, 200]
+    # n_ubatch as a prompt graph shows it: the least power of two that splits it so
+    assert _ubatch_seen(968, 2, 512) == 512  # already consistent
+    assert _ubatch_seen(968, 4, 512) == 256
+    assert _ubatch_seen(700, 1, 512) == 1024  # one micro-batch of 700: at least that
+    assert _prompt_lengths(512) == [16, 64, 256, 512, 1024, 1536, 2048]
+    assert _prompt_lengths(256) == [16, 64, 256, 512, 768, 1024]
