@@ -429,9 +429,8 @@ class TubeMPC:
         self._graph = -1  # the last graph learnt from
         self._slow_gain = 1.0  # recent measured / planned slowdown of plans below the top
         self._after_prefill = StallStats(window=16, quantile=tube_quantile)
-        # the next prompt's plan, made off the engine thread after each prompt graph:
-        # (template, its tokens, per-block levels, switches at the template's length,
-        # predicted ns, margin ns)
+        # the next prompt's plan from the last prompt graph alone, made off the engine
+        # thread after each (:meth:`_solve_prompt`): where no plans per length are made
         self._prefill_next: tuple | None = None
         # the level of the first decode graph after a prompt (its plan comes only once
         # it has begun: the planner learns the prompt then), made with each decode plan
@@ -1195,8 +1194,9 @@ class TubeMPC:
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
     def _prefill_level(self, n_tokens: int = 0) -> int:
-        """The level a request starts its prompt at (the raise at REQUEST_BEGIN): the
-        prepared prompt plan's first (:meth:`_prepare_prefill`); else the cheapest
+        """The level a request starts its prompt of ``n_tokens`` at (the raise at
+        REQUEST_BEGIN): the first of the plan it will take (:meth:`_prompt_plan_for`);
+        else the cheapest
         single level whose time, every level below the top at its worst case, keeps
         the TTFT budget against the top level's over the last prefill's template; the
         top level when there is no template yet (a graph with no template cannot be
@@ -1246,8 +1246,9 @@ class TubeMPC:
 
     def _solve_prompt(self, tpl: PhaseTemplate, ct: CautiousTables, n_tokens: int) -> tuple | None:
         """A prompt's per-block plan from its template's tables ``ct``: (template,
-        tokens, switches, first level, predicted ns, margin ns), or None where nothing
-        fits."""
+        tokens, switches at its length, first level, predicted ns, margin ns, per-block
+        levels), or None where nothing fits. Plans made ahead per length add their
+        ``_RetimeAid``."""
         r = self.rel_err.estimate().upper_ns
         top_t = float(ct.graph_ns[self.top])
         cap = top_t * (1.0 + self.slack / (1.0 + r))
@@ -1490,7 +1491,8 @@ class TubeMPC:
 
     def _prefill_plan(self, n_tokens: int, t_ns: int) -> Plan | None:
         """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
-        prepared plan with its times scaled to this prompt's length; none (the
+        plan made ahead for its length (:meth:`_prompt_plan_for`), timed again at this
+        prompt's own (:meth:`_retimed`; the last prompt's own plan is scaled); none (the
         request's level holds) when there is none, or when this request's prompt has
         already fallen behind its reference (a later chunk of a long prompt)."""
         got = self._prompt_plan_for(int(n_tokens))
