@@ -288,6 +288,14 @@ class Tables:
     safe_block_energy: np.ndarray | None = None
 
 
+def roof_ns(a: np.ndarray, b: np.ndarray, th_x: float) -> np.ndarray:
+    """The roofline of compute side ``a`` and memory side ``b`` (ns): the longer, plus
+    ``th_x`` of the shorter (the share of it that does not overlap)."""
+    hi = np.maximum(a, b)
+    hi += th_x * np.minimum(a, b)
+    return hi
+
+
 def kernel_times_numpy(
     c_ns: np.ndarray,
     m_ns: np.ndarray,
@@ -302,8 +310,7 @@ def kernel_times_numpy(
     th = theta
     a = c_ns[:, None] * (th[0] * ratio)
     b = m_ns[:, None] * (th[1] + th[4] * coupling)
-    hi = np.maximum(a, b)
-    hi += th[2] * np.minimum(a, b)
+    hi = roof_ns(a, b, float(th[2]))
     floor = (th[3] * LAUNCH_NS) * launches[:, None]
     return np.maximum(hi, floor), a, b, hi, floor
 

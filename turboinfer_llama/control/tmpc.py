@@ -238,11 +238,25 @@ class _PromptModel(NamedTuple):
     ubatch: int  # tokens per micro-batch
 
 
+class _PromptGraph(NamedTuple):
+    """A one-micro-batch prompt graph, as prompt plans at other lengths use it."""
+
+    c_ns: np.ndarray
+    m_ns: np.ndarray
+    launch: np.ndarray
+    layer_out: np.ndarray
+    host_node: np.ndarray | None  # its host gaps (``TubeMPC._host_gaps``)
+    host_ns: float
+    busy_ns: float
+    tokens: int
+
+
 class _RetimeAid(NamedTuple):
     """A prompt plan made ahead, as ``TubeMPC._retimed`` times it again at another
     length: its elapsed time at each node's end, each node's roofline factors at its
     planned level, and its timed switches (index, time at the plan's length)."""
 
+    model: _PromptModel  # the model the plan was made under
     ends_ns: np.ndarray
     ra: np.ndarray  # compute-side factor: th_c f_max/f
     rb: np.ndarray  # memory-side factor: th_m + th_d coupling
@@ -251,6 +265,19 @@ class _RetimeAid(NamedTuple):
     host: np.ndarray
     timed: list[int]
     t_b: np.ndarray
+
+
+class _PromptPlan(NamedTuple):
+    """A prompt's per-block plan (``TubeMPC._solve_prompt``)."""
+
+    tpl: PhaseTemplate
+    tokens: int  # the length it was made at
+    switches: list[Switch]
+    first: int  # its first level
+    predicted_ns: float
+    margin_ns: float
+    blocks: np.ndarray  # per-block levels
+    aid: _RetimeAid | None = None  # made ahead per length: to time it at another
 
 
 def _ubatches(tokens: int, ubatch: int = UBATCH_TOKENS) -> list[int]:
@@ -431,17 +458,17 @@ class TubeMPC:
         self._after_prefill = StallStats(window=16, quantile=tube_quantile)
         # the next prompt's plan from the last prompt graph alone, made off the engine
         # thread after each (:meth:`_solve_prompt`): where no plans per length are made
-        self._prefill_next: tuple | None = None
+        self._prefill_next: _PromptPlan | None = None
         # the level of the first decode graph after a prompt (its plan comes only once
         # it has begun: the planner learns the prompt then), made with each decode plan
         self._after_prompt_lv = self.top
         # the last one-micro-batch prompt graph, for prompt plans at other lengths:
         # (compute ns, memory ns, launches, layer outputs, host gaps, host ns, busy ns,
         # tokens)
-        self._prompt_fit: tuple | None = None
+        self._prompt_fit: _PromptGraph | None = None
         # prompt plans made ahead, per length (``_prompt_lengths``), and the model they
         # were made under; replaced whole (the engine thread reads it)
-        self._prompt_ahead: tuple[_PromptModel | None, dict[int, tuple]] = (None, {})
+        self._prompt_ahead: tuple[_PromptModel | None, dict[int, _PromptPlan]] = (None, {})
         self._ubatch = UBATCH_TOKENS  # tokens per micro-batch, as prompt graphs show it
         self._prompt_plans_key: tuple = ((), (), 0)  # (key, moved, at graph)
         # the next prompt graph is its request's first (engine thread: set at
@@ -789,11 +816,11 @@ class TubeMPC:
                 if dec is not None and dec.n and b.n % dec.n == 0:
                     self._ubatch = _ubatch_seen(b.n_tokens, b.n // dec.n, self._ubatch)
                 if b.n_tokens > 1 and (dec is None or b.n == dec.n):
-                    self._prompt_fit = (
+                    self._prompt_fit = _PromptGraph(
                         b.c_ns, b.m_ns, b.launch, b.layer_out, self._host_gaps(b, host),
                         host, busy_ns, int(b.n_tokens),
                     )  # fmt: skip
-                self._prepare_prompt_plans()
+                self._refresh_prompt_plans()
         else:
             ref = measured
             if self._default_bound is not None:
@@ -818,22 +845,9 @@ class TubeMPC:
             self._bound_snap = (b.t_end_ns, self._default_bound.snapshot())
         self._graph = b.graph
         if phase == "decode":
-            # the next prompt's plans, again at what the decode has taught the model
-            # (the levels run: a request's last graph may reach the planner only once
-            # the next prompt has begun)
-            th = self.model.phases["decode"].theta
-            key = (self._lowest_seen.get("decode", self.top), id(self._prompt_fit))
-            moved = (
-                round(math.log(max(float(th[0]), 1e-9)) / PROMPT_REPLAN),
-                round(math.log(max(float(th[1]), 1e-9)) / PROMPT_REPLAN),
-                round(self.rel_err.estimate().upper_ns / PROMPT_REPLAN),
-            )
-            last_key, last_moved, at = self._prompt_plans_key
-            if key != last_key or (
-                moved != last_moved and self.graphs - at >= PROMPT_REPLAN_GRAPHS
-            ):
-                self._prompt_plans_key = (key, moved, self.graphs)
-                self._prepare_prompt_plans()
+            # again at what the decode has taught the model (a request's last graph may
+            # reach the planner only once the next prompt has begun)
+            self._refresh_prompt_plans()
         for k in [k for k in self._planned if k <= b.graph]:
             del self._planned[k]
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
@@ -1193,7 +1207,7 @@ class TubeMPC:
         early = (s.lower_ns - s.min_ns) + (u.lower_ns - u.min_ns)
         return s.typical_ns + u.typical_ns, s.lower_ns + u.lower_ns, early
 
-    def _prefill_level(self, n_tokens: int = 0) -> int:
+    def _prefill_level(self, n_tokens: int) -> int:
         """The level a request starts its prompt of ``n_tokens`` at (the raise at
         REQUEST_BEGIN): the first of the plan it will take (:meth:`_prompt_plan_for`);
         else the cheapest
@@ -1206,7 +1220,7 @@ class TubeMPC:
             return self.top
         got = self._prompt_plan_for(int(n_tokens))
         if got is not None:
-            return got[3]
+            return got.first
         r = self.rel_err.estimate().upper_ns
         ct = self._cautious("prefill", tpl)
         ok = ct.graph_ns * (1.0 + r) <= ct.graph_ns[self.top] * (1.0 + self.slack)
@@ -1244,11 +1258,11 @@ class TubeMPC:
             return
         self._prefill_next = self._solve_prompt(tpl, self._cautious("prefill", tpl), n_tokens)
 
-    def _solve_prompt(self, tpl: PhaseTemplate, ct: CautiousTables, n_tokens: int) -> tuple | None:
-        """A prompt's per-block plan from its template's tables ``ct``: (template,
-        tokens, switches at its length, first level, predicted ns, margin ns, per-block
-        levels), or None where nothing fits. Plans made ahead per length add their
-        ``_RetimeAid``."""
+    def _solve_prompt(
+        self, tpl: PhaseTemplate, ct: CautiousTables, n_tokens: int
+    ) -> _PromptPlan | None:
+        """A prompt's per-block plan from its template's tables ``ct``, or None where
+        nothing fits."""
         r = self.rel_err.estimate().upper_ns
         top_t = float(ct.graph_ns[self.top])
         cap = top_t * (1.0 + self.slack / (1.0 + r))
@@ -1260,16 +1274,37 @@ class TubeMPC:
         used = float(risky[np.arange(len(blocks)), blocks].sum())
         sw, predicted = self._block_switches(tpl, blocks)
         margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
-        return (tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks)
+        return _PromptPlan(
+            tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks
+        )
+
+    def _refresh_prompt_plans(self) -> None:
+        """Make the plans for the next prompt again (:meth:`_prepare_prompt_plans`)
+        where what they are made from changed: the lowest level the decode has run at,
+        the prompt graph they are fitted to, the micro-batch size; or, at most every
+        ``PROMPT_REPLAN_GRAPHS`` graphs, the decode model's efficiencies or the tube by
+        ``PROMPT_REPLAN``."""
+        th = self.model.phases["decode"].theta
+        key = (self._lowest_seen.get("decode", self.top), id(self._prompt_fit), self._ubatch)
+        moved = (
+            round(math.log(max(float(th[0]), 1e-9)) / PROMPT_REPLAN),
+            round(math.log(max(float(th[1]), 1e-9)) / PROMPT_REPLAN),
+            round(self.rel_err.estimate().upper_ns / PROMPT_REPLAN),
+        )
+        last_key, last_moved, at = self._prompt_plans_key
+        if key != last_key or (moved != last_moved and self.graphs - at >= PROMPT_REPLAN_GRAPHS):
+            self._prompt_plans_key = (key, moved, self.graphs)
+            self._prepare_prompt_plans()
 
     def _prepare_prompt_plans(self) -> None:
         """Plans for the next prompt at each of ``_prompt_lengths`` (off the
         engine thread), where a one-token graph and a one-micro-batch prompt graph of
         the same nodes have run: each node's compute and memory time is taken as
         affine in the micro-batch's tokens through the two, and micro-batches of
-        ``UBATCH_TOKENS`` follow each other. A prompt's time per level depends on its
-        length -- a short one streams the weights as a decode graph does, a long one
-        computes -- so the plan made from the last prompt alone held every level below
+        ``_ubatch`` tokens (as prompt graphs show it) follow each other. A prompt's time
+        per level depends on its length -- a short one streams the weights as a decode
+        graph does, a long one computes -- so the plan made from the last prompt alone
+        held every level below
         the top at its worst case, or took a short prompt's blocks for a long one's
         (sim adreno650, gemma recording: a 968-token prompt was planned from an 11-token
         one, its times scaled 88x).
@@ -1281,7 +1316,7 @@ class TubeMPC:
         ratio below the top; every node below the lowest level the decode has run at
         at its worst case (:meth:`_cautious`)."""
         dec, fit = self._templates.get("decode"), self._prompt_fit
-        if not self.planning or dec is None or fit is None or len(fit[0]) != dec.n:
+        if not self.planning or dec is None or fit is None or len(fit.c_ns) != dec.n:
             self._prompt_ahead = (None, {})
             return
         c1, m1, launch, layer_out, host_node, host, busy, n1 = fit
@@ -1301,12 +1336,12 @@ class TubeMPC:
             dec.c_ns / np.maximum(dec.m_ns, 1e-9), busy / max(float(k1.sum()), 1.0), seen,
             self._ubatch,
         )  # fmt: skip
-        plans: dict[int, tuple] = {}
+        plans: dict[int, _PromptPlan] = {}
         for tokens in _prompt_lengths(aff.ubatch):
             tpl = self._prompt_template(aff, _ubatches(tokens, aff.ubatch))
             got = self._solve_prompt(tpl, CautiousTables(*tpl.safe), tokens)
             if got is not None:
-                plans[tokens] = (*got, self._retime_aid(aff, tpl, got))
+                plans[tokens] = got._replace(aid=self._retime_aid(aff, got))
         self._prompt_ahead = (aff, plans)
 
     @staticmethod
@@ -1316,25 +1351,20 @@ class TubeMPC:
         """Compute ns, memory ns and launches of a prompt of micro-batches ``per``, a
         node that computes more per byte than in the one-token graph made wholly
         compute-bound at its top-level time (every lower clock slows it fully)."""
-        k = len(per)
-        if k == 1:
-            c, m, lau = (
-                aff.base_c + aff.slope_c * per[0],
-                aff.base_m + aff.slope_m * per[0],
-                aff.launch,
-            )
-            grows = c > (GROWS_INTENSITY * aff.intensity_1) * np.maximum(m, 1e-9)
-        else:
-            c = np.concatenate([aff.base_c + aff.slope_c * n for n in per])
-            m = np.concatenate([aff.base_m + aff.slope_m * n for n in per])
-            lau = np.tile(aff.launch, k)
-            grows = c > np.tile(GROWS_INTENSITY * aff.intensity_1, k) * np.maximum(m, 1e-9)
+
+        def each(base: np.ndarray, slope: np.ndarray) -> np.ndarray:
+            parts = [base + slope * n for n in per]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        def tiled(x: np.ndarray) -> np.ndarray:
+            return x if len(per) == 1 else np.tile(x, len(per))
+
+        c, m = each(aff.base_c, aff.slope_c), each(aff.base_m, aff.slope_m)
+        lau = tiled(aff.launch)
+        grows = c > tiled(GROWS_INTENSITY * aff.intensity_1) * np.maximum(m, 1e-9)
         if grows.any():
-            # the roof at the top level (plan_native.kernel_times_numpy, ratio 1)
-            th = aff.theta
-            a, b = c * th[0], m * th[1]
-            hi = np.maximum(a, b)
-            hi += th[2] * np.minimum(a, b)
+            th = aff.theta  # the roof at the top level (coupling 0 there)
+            hi = plan_native.roof_ns(c * th[0], m * th[1], float(th[2]))
             c = np.where(grows, hi / max(float(th[0]), 1e-9), c)
             m = np.where(grows, 0.0, m)
         return c, m, lau
@@ -1352,14 +1382,15 @@ class TubeMPC:
         )  # fmt: skip
         return tpl
 
-    def _retime_aid(self, aff: _PromptModel, tpl: PhaseTemplate, got: tuple) -> _RetimeAid:
+    def _retime_aid(self, aff: _PromptModel, got: _PromptPlan) -> _RetimeAid:
         """What :meth:`_retimed` needs of a plan made ahead, at its own length."""
-        sw, blocks = got[2], got[6]
+        tpl, sw, blocks = got.tpl, got.switches, got.blocks
         lv_node = np.repeat(blocks, np.diff(tpl.edges))
         th = aff.theta
         timed = [i for i, x in enumerate(sw) if x.anchor is Anchor.OFFSET or x.expect_ns >= 0]
         s_ns = self.switch_latency_ns
         return _RetimeAid(
+            aff,
             np.cumsum(tpl.node_ns(lv_node)),
             th[0] * aff.ratio[lv_node],
             th[1] + th[4] * aff.coupling[lv_node],
@@ -1377,18 +1408,18 @@ class TubeMPC:
         )
 
     def _retimed(
-        self, aff: _PromptModel, per: list[int], aid: _RetimeAid, sw: list[Switch]
+        self, per: list[int], aid: _RetimeAid, sw: list[Switch]
     ) -> tuple[list[Switch], float]:
         """A prompt plan's switches (made ahead at another length) with their times
         moved to a prompt of micro-batches ``per`` (as many nodes): each time goes
         through the two lengths' elapsed time at the plan's levels, node by node.
         Inline on the engine thread (~80 us for gemma): node times at the plan's levels
         only, all else made ahead (``_RetimeAid``)."""
-        c, m, _ = self._prompt_work(aff, per)
+        c, m, _ = self._prompt_work(aid.model, per)
         a = c * aid.ra
         b = m * aid.rb
-        kern = np.maximum(np.maximum(a, b) + aid.th_x * np.minimum(a, b), aid.floor)
-        ends_n = np.cumsum(kern * aff.scale + aid.host)
+        kern = np.maximum(plan_native.roof_ns(a, b, aid.th_x), aid.floor)
+        ends_n = np.cumsum(kern * aid.model.scale + aid.host)
         t_n = np.interp(aid.t_b, aid.ends_ns, ends_n).tolist()
         s_ns = self.switch_latency_ns
         out = list(sw)
@@ -1400,7 +1431,7 @@ class TubeMPC:
                 out[i] = Switch(x.anchor, x.key, x.level, int(t))
         return out, float(ends_n[-1])
 
-    def _prompt_plan_for(self, n_tokens: int) -> tuple | None:
+    def _prompt_plan_for(self, n_tokens: int) -> _PromptPlan | None:
         """The plan made ahead for a prompt of ``n_tokens``: the shortest bucket at
         least as long (a longer prompt computes more per byte, so its levels slow it at
         least as much), else the longest; the last prompt's own where none was made."""
@@ -1507,24 +1538,18 @@ class TubeMPC:
             return self._top_plan(t_ns)
         if got is None:
             return None
-        tpl, tokens, sw, first, predicted, margin = got[:6]
+        tpl, tokens, sw, first, predicted, margin, _, aid = got
         scale = max(int(n_tokens), 1) / tokens
-        aff, plans = self._prompt_ahead
-        per = _ubatches(n_tokens, aff.ubatch if aff is not None else UBATCH_TOKENS)
-        if (
-            scale != 1.0
-            and aff is not None
-            and got is plans.get(tokens)
-            and len(per) * len(aff.launch) == tpl.n
-        ):
+        per = _ubatches(n_tokens, aid.model.ubatch) if aid is not None else []
+        if scale != 1.0 and aid is not None and len(per) * len(aid.model.launch) == tpl.n:
             # the plan's times again at this prompt's own length (scaled by its tokens,
             # a 10-token prompt's timed switches, planned at 16, fired early: a node's
             # fixed time -- its weights -- does not shrink with the tokens; and the
             # first micro-batch's checkpoints of a 968-token prompt came 5% early)
-            sw, predicted = self._retimed(aff, per, got[7], sw)
-            margin, scale = margin * predicted / max(got[4], 1.0), 1.0
+            sw, predicted = self._retimed(per, aid, sw)
+            margin, scale = margin * predicted / max(got.predicted_ns, 1.0), 1.0
         fit = self._prompt_fit
-        if aff is not None and fit is not None and n_tokens > PROMPT_FAR * fit[7]:
+        if aid is not None and fit is not None and n_tokens > PROMPT_FAR * fit.tokens:
             # far beyond the prompt its time scale was measured on: the model's absolute
             # time (not its ratio between levels) may be off by a few percent
             margin = max(margin, PROMPT_TOL * predicted)
