@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import subprocess
 import sys
@@ -305,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--concurrent-s", type=float, default=60.0)
     ap.add_argument("--rss-tokens", type=int, default=10_000)
+    ap.add_argument(
+        "--ours-args",
+        default="",
+        help="extra flags for our server, to attribute a gap (e.g. '--power-saving false': "
+        "the server alone; '--controller none': the hooks without the live loop); the "
+        "figures then no longer compare default flags",
+    )
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (a confidence interval needs two rounds)")
@@ -314,7 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         theirs_srv = Server("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", *common])
         servers.append(theirs_srv)
-        ours_srv = Server("turboinfer", [sys.executable, "-m", "turboinfer_llama.server", *common])
+        ours_srv = Server(
+            "turboinfer",
+            [
+                sys.executable,
+                "-m",
+                "turboinfer_llama.server",
+                *common,
+                *shlex.split(args.ours_args),
+            ],
+        )
         servers.append(ours_srv)
         sides = {
             name: Side(name, srv, httpx.Client(base_url=srv.url, timeout=600))
@@ -323,10 +340,16 @@ def main(argv: list[str] | None = None) -> int:
         ours, theirs = sides["ours"], sides["theirs"]
         power = ours.http.get("/v1/power").json()
         print(f"model {model}")
+        kind = {True: "simulated", False: "real"}.get(power["simulated"], "none")
         print(
             f"ours: power saving {'on' if power['power_saving'] else 'off'}, device "
-            f"{power['device']['name']} ({'simulated' if power['simulated'] else 'real'}), "
-            f"controller {power['controller']['name']}; both servers on default flags"
+            f"{power['device']['name']} ({kind}), "
+            f"controller {(power.get('controller') or {}).get('name')}; "
+            + (
+                f"ours with {args.ours_args!r}"
+                if args.ours_args
+                else "both servers on default flags"
+            )
         )
         for s in sides.values():  # warm-up: page in weights, first-call costs
             completion(s, 0, 8)
@@ -361,53 +384,63 @@ def main(argv: list[str] | None = None) -> int:
             f"windows) took a median {statistics.median(settle_s) * 1e3:.1f} ms per token"
         )
 
-        print(f"\n{args.concurrency} concurrent streams for {args.concurrent_s:.0f} s each:")
-        for side in (ours, theirs):
-            c = concurrent(side, args.concurrency, args.concurrent_s, args.stream_tokens)
-            extra = ""
-            if side is ours:
-                p_ms, m_ms = c["power_ms_after"]
-                extra = (
-                    f"; GET /v1/power, /metrics: slowest during the load "
-                    f"{c['power_ms_during_max']:.1f} ms (from the clients' process), "
-                    f"{c['power_ms_during_max_own_process']:.1f} ms (own process, "
-                    f"{c['power_polls_own_process']} polls), right after it {p_ms:.1f} ms, "
-                    f"{m_ms:.1f} ms; then {wait_settled(ours):.1f} s to settle"
-                )
-            print(
-                f"  {side.name:<6}: {c['streams']} streams, {c['errors']} errors, "
-                f"{c['cut']} cut, {c['tokens'] / c['seconds']:.1f} tok/s overall; RSS "
-                f"{_mib(c['rss_before'])} -> peak {_mib(c['rss_peak'])}{extra}"
-            )
-
-        print(f"\nmemory after {args.rss_tokens} generated tokens (all phases together):")
-        for side in (ours, theirs):
-            i = 0
-            while side.tokens < args.rss_tokens:
-                st = stream(side.http, i, args.stream_tokens)
-                if st.error:
-                    raise RuntimeError(f"{side.name}: {st.error}")
-                side.tokens += st.chunks
-                i += 1
-        wait_settled(ours)
-        time.sleep(1.0)
-        rss = {k: s.rss for k, s in sides.items()}
-        for k, s in sides.items():
-            print(
-                f"  {k:<6}: {s.tokens} tokens, RSS {_mib(rss0[k])} after start -> "
-                f"{_mib(rss[k])} (growth {_mib(rss[k] - rss0[k])})"
-            )
-        ratio = rss["ours"] / rss["theirs"]
-        print(
-            f"  RSS ours/theirs {ratio:.3f} (target <= 1.05: "
-            f"{'met' if ratio <= 1.05 else 'NOT met'})"
-        )
-        doc = ours.http.get("/v1/power").json()
-        print(f"  ours: timeline window {doc.get('timeline')}")
+        if args.concurrent_s > 0:
+            _concurrency(args, ours, theirs)
+        if args.rss_tokens > 0:
+            _memory(args, ours, theirs, sides, rss0)
     finally:
         for srv in servers:
             srv.close()
     return 0
+
+
+def _concurrency(args: argparse.Namespace, ours: Side, theirs: Side) -> None:
+    print(f"\n{args.concurrency} concurrent streams for {args.concurrent_s:.0f} s each:")
+    for side in (ours, theirs):
+        c = concurrent(side, args.concurrency, args.concurrent_s, args.stream_tokens)
+        extra = ""
+        if side is ours:
+            p_ms, m_ms = c["power_ms_after"]
+            extra = (
+                f"; GET /v1/power, /metrics: slowest during the load "
+                f"{c['power_ms_during_max']:.1f} ms (from the clients' process), "
+                f"{c['power_ms_during_max_own_process']:.1f} ms (own process, "
+                f"{c['power_polls_own_process']} polls), right after it {p_ms:.1f} ms, "
+                f"{m_ms:.1f} ms; then {wait_settled(ours):.1f} s to settle"
+            )
+        print(
+            f"  {side.name:<6}: {c['streams']} streams, {c['errors']} errors, "
+            f"{c['cut']} cut, {c['tokens'] / c['seconds']:.1f} tok/s overall; RSS "
+            f"{_mib(c['rss_before'])} -> peak {_mib(c['rss_peak'])}{extra}"
+        )
+
+
+def _memory(
+    args: argparse.Namespace, ours: Side, theirs: Side, sides: dict[str, Side], rss0: dict
+) -> None:
+    print(f"\nmemory after {args.rss_tokens} generated tokens (all phases together):")
+    for side in (ours, theirs):
+        i = 0
+        while side.tokens < args.rss_tokens:
+            st = stream(side.http, i, args.stream_tokens)
+            if st.error:
+                raise RuntimeError(f"{side.name}: {st.error}")
+            side.tokens += st.chunks
+            i += 1
+    wait_settled(ours)
+    time.sleep(1.0)
+    rss = {k: s.rss for k, s in sides.items()}
+    for k, s in sides.items():
+        print(
+            f"  {k:<6}: {s.tokens} tokens, RSS {_mib(rss0[k])} after start -> "
+            f"{_mib(rss[k])} (growth {_mib(rss[k] - rss0[k])})"
+        )
+    ratio = rss["ours"] / rss["theirs"]
+    print(
+        f"  RSS ours/theirs {ratio:.3f} (target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'})"
+    )
+    doc = ours.http.get("/v1/power").json()
+    print(f"  ours: timeline window {doc.get('timeline')}")
 
 
 if __name__ == "__main__":
