@@ -126,3 +126,44 @@ def test_tmpc_finds_the_clocks_effect_on_a_gpu_unlike_the_reference_machine(refi
     else:
         assert pm.refits == 0
         assert pm.theta[0] < 0.5 * true_c
+
+
+def test_a_long_prompt_spends_its_slack_where_the_envelope_would_only_ramp(monkeypatch):
+    """Under simple_ondemand a prompt followed the envelope of the default's levels:
+    no slower than the default's at every instant, but it saves only while that is
+    below the top -- a ramp of ~30 ms before a 968-token prompt's ~2.6 s at the top.
+    Its solved plan spends the slack of its top-level time instead (50 ms at 2%), and a
+    prompt now runs on whichever spends more (``_slack_beats_ramp``): the long prompt
+    on its plan, the short one still on the envelope. Without the choice (every
+    prompt on the envelope) the prompts spend more energy."""
+    from turboinfer_llama.control import tmpc as tmpc_mod
+
+    prof = load_profile("mali-g76")
+    slack = 0.05
+    trace = make_trace(
+        requests=3, decode_tokens=24, prompt_tokens=[16, 968, 24], sample_ms=1.5, idle_ms=50,
+        seed=2,
+    )  # fmt: skip
+    dev = SimGpu(prof)
+    base = replay(trace, make_controller("default", **for_device(dev)), dev, hold=True)
+    choose = tmpc_mod.TubeMPC._slack_beats_ramp
+    chosen: list[tuple[int, bool]] = []
+
+    def spy(self, n_tokens, t_ns):
+        got = choose(self, n_tokens, t_ns)
+        chosen.append((int(n_tokens), got))
+        return got
+
+    got = {}
+    for name, rule in (("choice", spy), ("envelope only", lambda self, n, t: False)):
+        monkeypatch.setattr(tmpc_mod.TubeMPC, "_slack_beats_ramp", rule)
+        dev = SimGpu(prof)
+        ctl = make_controller("tmpc", latency_slack=slack, **for_device(dev))
+        got[name] = replay(trace, ctl, dev, hold=True)
+    # the first request has no bound state to follow; then the long and the short one
+    assert chosen == [(968, True), (24, False)]
+    on, off = got["choice"], got["envelope only"]
+    assert on.energy_by_phase_j["prefill"] < 0.99 * off.energy_by_phase_j["prefill"]
+    assert on.energy_j < off.energy_j
+    assert on.tpot_ms <= base.tpot_ms * (1 + slack + 0.002)
+    assert on.ttft_ms <= base.ttft_ms * (1 + slack + 0.002)

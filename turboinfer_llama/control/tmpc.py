@@ -44,7 +44,10 @@ last graph learnt from (the time since taken as busy up to the last request's en
 after it), the highest level any timer phase can be at as the prompt runs, each raise
 issued a switch latency early; a prompt whose clock stayed at or above it throughout
 (``_followed_envelope``) is no slower than the default's and costs no TTFT debt. After a
-gap the default sits low and a prompt's start runs there too (before: at the top).
+gap the default sits low and a prompt's start runs there too (before: at the top). The
+envelope saves only while it is below the top; a prompt graph whose solved plan spends
+more than the envelope's ramp would (a long prompt: its slack against its top-level time)
+runs on that plan instead (``_slack_beats_ramp``).
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
@@ -122,6 +125,7 @@ behind the default governor. Its stalls, and a probe's, still drop to the bottom
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from typing import NamedTuple
@@ -604,6 +608,10 @@ class TubeMPC:
             self.phase = "prefill" if ev.n_tokens > 1 else "decode"
             if self.phase == "prefill":
                 if self._prompt_env is not None:
+                    if self._slack_beats_ramp(ev.n_tokens, ev.t_ns):
+                        solved = self._prefill_plan(ev.n_tokens, ev.t_ns)
+                        if solved is not None:
+                            return solved
                     return self._envelope_plan(ev.t_ns)
                 return self._prefill_plan(ev.n_tokens, ev.t_ns)
             return None
@@ -1459,6 +1467,34 @@ class TubeMPC:
         if steps[0][1] >= self.top:
             return None
         return [(t_ns + int(off), lv) for off, lv in steps]
+
+    def _slack_beats_ramp(self, n_tokens: int, t_ns: int) -> bool:
+        """Whether a prompt graph beginning at ``t_ns`` is better run on its solved
+        plan (:meth:`_prefill_plan`: the slack spent against its top-level time) than
+        on the envelope (:meth:`_envelope_plan`). Both keep the prompt no slower than
+        the default's, one by the top level's time, one pointwise. The envelope saves
+        only while it is below the top: the time its levels lose against the top over
+        the prompt's work (the prompt plan's time per level, its clock's progress) is
+        what it spends. The solved plan spends ``slack`` of the prompt's top-level
+        time. The larger spend is taken: a long prompt ramps for a small part of its
+        time (sim mali-g76, 968 tokens: 31 ms of ramp against 50 ms of a 2% slack), a
+        short one mostly ramps (24 tokens: 4.9 against 1.3 ms)."""
+        got = self._prompt_plan_for(int(n_tokens))
+        env = self._prompt_env
+        if got is None or env is None or self.slack <= 0:
+            return False
+        level_ns = np.asarray(got.tpl.graph_ns, dtype=np.float64)
+        top_ns = float(level_ns[self.top]) * max(int(n_tokens), 1) / max(got.tokens, 1)
+        pace = float(level_ns[self.top]) / np.maximum(level_ns, 1.0)  # progress per ns
+        ramp_ns, work_ns = 0.0, top_ns  # work left, in top-level ns
+        for (t, lv), (t_next, _) in itertools.pairwise(env):
+            if lv >= self.top or work_ns <= 0:
+                break
+            dur = min(max(0.0, t_next - max(t, t_ns)), work_ns / float(pace[lv]))
+            ramp_ns += dur * (1.0 - float(pace[lv]))
+            work_ns -= dur * float(pace[lv])
+        scale = max(int(n_tokens), 1) / max(got.tokens, 1)
+        return got.predicted_ns * scale - top_ns > ramp_ns
 
     def _envelope_plan(self, t_ns: int) -> Plan:
         """Follow the prompt's envelope (:meth:`_prompt_envelope`) from ``t_ns``: each
