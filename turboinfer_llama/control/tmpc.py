@@ -1475,16 +1475,19 @@ class TubeMPC:
         the default's, one by the top level's time, one pointwise. The envelope saves
         only while it is below the top: the time its levels lose against the top over
         the prompt's work (the prompt plan's time per level, its clock's progress) is
-        what it spends. The solved plan spends ``slack`` of the prompt's top-level
-        time. The larger spend is taken: a long prompt ramps for a small part of its
-        time (sim mali-g76, 968 tokens: 31 ms of ramp against 50 ms of a 2% slack), a
-        short one mostly ramps (24 tokens: 4.9 against 1.3 ms)."""
+        what it spends. The solved plan spends its predicted time over the top
+        level's (at most the slack of it). The larger spend is taken: a long prompt
+        ramps for a small part of its time (sim mali-g76, 968 tokens: 31 ms of ramp
+        against up to 50 ms of a 2% slack), a short one mostly ramps (24 tokens: 4.9
+        against up to 1.3 ms). Inline at the prompt's DECODE_BEGIN: a walk over the
+        envelope's few steps."""
         got = self._prompt_plan_for(int(n_tokens))
         env = self._prompt_env
         if got is None or env is None or self.slack <= 0:
             return False
+        scale = max(int(n_tokens), 1) / max(got.tokens, 1)  # the plan's length to this one
         level_ns = np.asarray(got.tpl.graph_ns, dtype=np.float64)
-        top_ns = float(level_ns[self.top]) * max(int(n_tokens), 1) / max(got.tokens, 1)
+        top_ns = float(level_ns[self.top]) * scale
         pace = float(level_ns[self.top]) / np.maximum(level_ns, 1.0)  # progress per ns
         ramp_ns, work_ns = 0.0, top_ns  # work left, in top-level ns
         for (t, lv), (t_next, _) in itertools.pairwise(env):
@@ -1493,7 +1496,6 @@ class TubeMPC:
             dur = min(max(0.0, t_next - max(t, t_ns)), work_ns / float(pace[lv]))
             ramp_ns += dur * (1.0 - float(pace[lv]))
             work_ns -= dur * float(pace[lv])
-        scale = max(int(n_tokens), 1) / max(got.tokens, 1)
         return got.predicted_ns * scale - top_ns > ramp_ns
 
     def _envelope_plan(self, t_ns: int) -> Plan:
