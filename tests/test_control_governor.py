@@ -341,3 +341,38 @@ def test_wait_idle_plans_what_the_engine_left_pending():
         assert ctl.graphs == [1]
     finally:
         gov.close()
+
+
+class BusyPlanner(Learner):
+    """Learns for ~2 ms of CPU per graph."""
+
+    def on_graph(self, batch):
+        super().on_graph(batch)
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < 2_000_000:
+            pass
+
+
+def test_the_planners_cpu_per_graph_is_reported_in_parts():
+    """Issue 13's decision time on the live loop (``bench.decision_time --live``): the
+    planner's CPU per graph split into the records' ingest and the controller's
+    on_graph, next to the whole turn. The controller here burns 2 ms of CPU per graph;
+    that lands in its part, not in the ingest's."""
+    ctl = BusyPlanner()
+    gov = Governor(ctl, FakeGpu(), record_only=True, timer=False).start()
+    gov.HOLD_FOR_ENGINE = False
+    try:
+        t = time.monotonic_ns()
+        for g in range(1, 6):
+            gov.graph_end()
+            gov.on_decode_end(
+                _asks(g, t + g * 10**6), graph=g, n_tokens=1, t_begin_ns=t, t_end_ns=t + g * 10**6
+            )
+            assert gov.wait_idle(5.0)
+        parts = gov.health()["graph_cpu_us"]
+        assert parts["controller_median"] >= 1_900
+        assert parts["ingest_median"] < 0.5 * parts["controller_median"]
+        both = parts["ingest_plus_controller_median"]
+        assert parts["controller_median"] <= both <= parts["whole_turn_median"] + 1.0
+    finally:
+        gov.close()

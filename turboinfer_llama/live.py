@@ -473,6 +473,7 @@ class SimulatedAccount(_EngineCalls):
                 "graphs_planned": loop["graphs_planned"],
                 "graph_plan_us_median": loop["graph_plan_us_median"],
                 "graph_plan_cpu_us_median": loop["graph_plan_cpu_us_median"],
+                "graph_cpu_us": loop["graph_cpu_us"],
                 "feedback": loop["feedback"],
                 "executor": loop["executor"],
                 "actuation": "recorded (simulated device): switches are logged, not applied",
@@ -583,6 +584,7 @@ class RealDeviceControl(_EngineCalls):
             "decision_us_median": health["decision_us_median"],
             "graph_plan_us_median": health["graph_plan_us_median"],
             "graph_plan_cpu_us_median": health["graph_plan_cpu_us_median"],
+            "graph_cpu_us": health["graph_cpu_us"],
             "health": {"ok": health["ok"], "last_error": health["error"], **health},
         }
         try:

@@ -134,6 +134,10 @@ class Governor:
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
+        # ... of which the records' ingest (into a GraphBatch) and the controller's
+        # on_graph (learning and the plan's solve): the issue's decision time
+        self._ingest_cpu_ns: list[int] = []
+        self._ctl_cpu_ns: list[int] = []
         self._plan_wait_ns: list[int] = []  # from the graph's end until the worker began
         self._costs = NodeCosts()
         # graphs waiting for the planner (appended by the engine thread, which never
@@ -478,6 +482,7 @@ class Governor:
         )
         if batch is None:
             return
+        ingest_cpu = time.thread_time_ns() - cpu0
         if self.HOLD_FOR_ENGINE and self._begun_graph > graph:
             batch.ahead = 2  # its plan goes past the graph computing (plan.retarget)
         time.sleep(0)  # hand the GIL to the engine thread if it is waiting for it
@@ -496,7 +501,9 @@ class Governor:
                 self._on_applied(applied)
             if self._on_counters is not None and self.feedback != "engine-only":
                 self._read_counters(counters)
+            ctl0 = time.thread_time_ns()
             plan = self._on_graph(batch) if self._on_graph is not None else None
+            ctl_cpu = time.thread_time_ns() - ctl0
             if plan is not None and self.HOLD_FOR_ENGINE:
                 # for the graph after the last to start computing when it is set
                 plan = after(plan, graph, batch.t_first_ns)
@@ -519,10 +526,18 @@ class Governor:
             self._graph_ns.append(time.perf_counter_ns() - start)
             cpu = time.thread_time_ns() - cpu0
             self._graph_cpu_ns.append(cpu)
+            self._ingest_cpu_ns.append(ingest_cpu)
+            self._ctl_cpu_ns.append(ctl_cpu)
             self._plan_cpu_ns += (cpu - self._plan_cpu_ns) // 4
             self._plan_wait_ns.append(start - t1)
             if len(self._graph_ns) > 10_000:
-                for lst in (self._graph_ns, self._graph_cpu_ns, self._plan_wait_ns):
+                for lst in (
+                    self._graph_ns,
+                    self._graph_cpu_ns,
+                    self._plan_wait_ns,
+                    self._ingest_cpu_ns,
+                    self._ctl_cpu_ns,
+                ):
                     del lst[:5_000]
 
     def _collect_log(self) -> None:
@@ -658,6 +673,17 @@ class Governor:
             ),
             "graph_plan_us_median": _median_us(self._graph_ns),
             "graph_plan_cpu_us_median": _median_us(self._graph_cpu_ns),
+            # the planner's CPU per graph in parts (issue 13's decision time): the
+            # records' ingest, the controller's learning and solve, and the rest of
+            # the turn (the executor's log, the plan handed over, bookkeeping)
+            "graph_cpu_us": {
+                "ingest_median": _median_us(self._ingest_cpu_ns),
+                "controller_median": _median_us(self._ctl_cpu_ns),
+                "ingest_plus_controller_median": _median_us(
+                    [a + b for a, b in zip(self._ingest_cpu_ns, self._ctl_cpu_ns, strict=True)]
+                ),
+                "whole_turn_median": _median_us(self._graph_cpu_ns),
+            },
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
             "plan_holds": dict(self.plan_holds),
         }
