@@ -23,7 +23,7 @@ granularity. The planner's CPU per graph is printed in parts: the records' inges
 controller's ``on_graph``, and the whole turn (which also drains the executor's log,
 hands the plan over and keeps books). The synthetic trace's graphs are lighter than
 gemma's live ones (stop 28 on this 2-core host, median ingest + plan: 300-420 us on the
-trace, 595-820 us live over 3-4 requests of 32-64 tokens; the whole turn 880-1170 us).
+trace, 595-825 us live over 3-4 requests of 32-64 tokens; the whole turn 880-1210 us).
 
 A benchmark, not a test: ``python -m turboinfer_llama.bench.decision_time [--live]``.
 """

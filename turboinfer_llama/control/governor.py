@@ -651,6 +651,8 @@ class Governor:
         """State for ``llm.power.stats()`` and logs."""
         with self._lock:
             self._collect_log()
+            # the planner appends both lists under this lock: read them as one
+            both = [a + b for a, b in zip(self._ingest_cpu_ns, self._ctl_cpu_ns, strict=True)]
         ex = self.executor
         st = ex.status() if ex is not None else {}
         return {
@@ -679,9 +681,7 @@ class Governor:
             "graph_cpu_us": {
                 "ingest_median": _median_us(self._ingest_cpu_ns),
                 "controller_median": _median_us(self._ctl_cpu_ns),
-                "ingest_plus_controller_median": _median_us(
-                    [a + b for a, b in zip(self._ingest_cpu_ns, self._ctl_cpu_ns, strict=True)]
-                ),
+                "ingest_plus_controller_median": _median_us(both),
                 "whole_turn_median": _median_us(self._graph_cpu_ns),
             },
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
