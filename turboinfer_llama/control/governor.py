@@ -134,10 +134,9 @@ class Governor:
         self._decision_ns: list[int] = []
         self._graph_ns: list[int] = []  # wall time of ingest + solve
         self._graph_cpu_ns: list[int] = []  # the worker's CPU time for it
-        # ... of which the records' ingest (into a GraphBatch) and the controller's
-        # on_graph (learning and the plan's solve): the issue's decision time
-        self._ingest_cpu_ns: list[int] = []
-        self._ctl_cpu_ns: list[int] = []
+        # ... of which (the records' ingest into a GraphBatch, the controller's on_graph:
+        # learning and the plan's solve), per graph: the issue's decision time
+        self._cpu_parts_ns: list[tuple[int, int]] = []
         self._plan_wait_ns: list[int] = []  # from the graph's end until the worker began
         self._costs = NodeCosts()
         # graphs waiting for the planner (appended by the engine thread, which never
@@ -526,19 +525,13 @@ class Governor:
             self._graph_ns.append(time.perf_counter_ns() - start)
             cpu = time.thread_time_ns() - cpu0
             self._graph_cpu_ns.append(cpu)
-            self._ingest_cpu_ns.append(ingest_cpu)
-            self._ctl_cpu_ns.append(ctl_cpu)
+            self._cpu_parts_ns.append((ingest_cpu, ctl_cpu))
             self._plan_cpu_ns += (cpu - self._plan_cpu_ns) // 4
             self._plan_wait_ns.append(start - t1)
             if len(self._graph_ns) > 10_000:
-                for lst in (
-                    self._graph_ns,
-                    self._graph_cpu_ns,
-                    self._plan_wait_ns,
-                    self._ingest_cpu_ns,
-                    self._ctl_cpu_ns,
-                ):
+                for lst in (self._graph_ns, self._graph_cpu_ns, self._plan_wait_ns):
                     del lst[:5_000]
+                del self._cpu_parts_ns[:5_000]
 
     def _collect_log(self) -> None:
         """Executor log -> bookkeeping and the controller's pending ``on_applied``
@@ -651,10 +644,9 @@ class Governor:
         """State for ``llm.power.stats()`` and logs."""
         with self._lock:
             self._collect_log()
-            # the planner appends both lists under this lock: read them as one
-            both = [a + b for a, b in zip(self._ingest_cpu_ns, self._ctl_cpu_ns, strict=True)]
         ex = self.executor
         st = ex.status() if ex is not None else {}
+        parts = list(self._cpu_parts_ns)  # one C-level copy: the planner may append
         return {
             # the device's own: foreign writes seen, lock, state file, guardian
             "device_health": getattr(self.device, "health", lambda: None)(),
@@ -679,9 +671,9 @@ class Governor:
             # records' ingest, the controller's learning and solve, and the rest of
             # the turn (the executor's log, the plan handed over, bookkeeping)
             "graph_cpu_us": {
-                "ingest_median": _median_us(self._ingest_cpu_ns),
-                "controller_median": _median_us(self._ctl_cpu_ns),
-                "ingest_plus_controller_median": _median_us(both),
+                "ingest_median": _median_us([a for a, _ in parts]),
+                "controller_median": _median_us([b for _, b in parts]),
+                "ingest_plus_controller_median": _median_us([a + b for a, b in parts]),
                 "whole_turn_median": _median_us(self._graph_cpu_ns),
             },
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
