@@ -376,3 +376,31 @@ def test_the_planners_cpu_per_graph_is_reported_in_parts():
         assert parts["controller_median"] <= both <= parts["whole_turn_median"] + 1.0
     finally:
         gov.close()
+
+
+def test_the_stalls_cpu_time_is_read_at_every_fourth_stall_only(monkeypatch):
+    """Issue 14: a thread-CPU clock read costs the engine thread ~9 us after a decode
+    (a syscall, cold), and the stalls' off-CPU share is a slow moving average: read
+    at every ``STALL_CPU_EVERY``-th stall only, it still sees a stall spent asleep."""
+    import turboinfer_llama.control.governor as gov_mod
+
+    reads = []
+    clock = gov_mod.time.thread_time_ns
+
+    def counted() -> int:
+        reads.append(1)
+        return clock()
+
+    gov = Governor(Learner(), FakeGpu(), record_only=True, timer=False).start()
+    try:
+        monkeypatch.setattr(gov_mod.time, "thread_time_ns", counted)
+        stalls = 4 * gov.STALL_CPU_EVERY
+        for _ in range(stalls):
+            gov.graph_end()
+            time.sleep(0.004)  # the stall, off the CPU (a GPU sync, a sleeping sampler)
+            gov.entering_decode(1)
+        monkeypatch.undo()
+        assert len(reads) == 2 * stalls // gov.STALL_CPU_EVERY  # start and end, sampled
+        assert gov._stall_idle_ns > 1_000_000  # 4 samples of ~4 ms asleep
+    finally:
+        gov.close()

@@ -70,6 +70,10 @@ class Governor:
     # graph period: then its contention in the stall costs at most that much
     # throughput, and plans come in time
     EAGER_PLAN_FRACTION = 0.01
+    # The stalls' CPU time is read at every this many-th stall only: a thread-CPU clock
+    # read costs the engine thread ~9 us after a decode (a syscall, cold), twice per
+    # stall, for a slow moving average
+    STALL_CPU_EVERY = 4
 
     def __init__(
         self,
@@ -158,6 +162,7 @@ class Governor:
         self._stall_t0 = 0
         self._stall_cpu0 = 0
         self._stall_idle_ns = 0
+        self._stalls_seen = 0
         self._plan_cpu_ns = 0
         self._period_ns = 0  # graph end to graph end (moving average)
         top = len(self.levels_hz) - 1
@@ -359,9 +364,13 @@ class Governor:
         t = now_ns()
         if self._stall_t0:
             self._period_ns += (t - self._stall_t0 - self._period_ns) // 4
-        self._stall_thread = threading.get_ident()
         self._stall_t0 = t
-        self._stall_cpu0 = time.thread_time_ns()
+        self._stalls_seen += 1
+        if self._stalls_seen % self.STALL_CPU_EVERY == 0:
+            self._stall_thread = threading.get_ident()
+            self._stall_cpu0 = time.thread_time_ns()
+        else:
+            self._stall_thread = None
         ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
