@@ -305,14 +305,12 @@ def test_a_plan_past_a_requests_first_decode_graph_leaves_room_for_its_debt(monk
     two plans solved there compare exactly."""
     import turboinfer_llama.control.tmpc as tmpc_mod
 
-    trace = make_trace(
-        requests=3, decode_tokens=24, prompt_tokens=[16, 300, 24], sample_ms=1.5, idle_ms=50,
-        seed=1,
-    )  # fmt: skip
-    dev = SimGpu(PROFILE)
-    base = replay(trace, make_controller("default", **for_device(dev)), dev, hold=True)
     top = len(PROFILE.levels_hz) - 1
     plan_next = tmpc_mod.TubeMPC._plan_next
+    prompts = [16, 300, 24]  # a long one in the middle: its plan reaches past a graph
+    trace = make_trace(requests=3, decode_tokens=24, prompt_tokens=prompts, idle_ms=50, seed=1)
+    dev = SimGpu(PROFILE)
+    base = replay(trace, make_controller("default", **for_device(dev)), dev, hold=True)
 
     def run(count_it: bool) -> tuple[list[tuple[int, float]], object]:
         seen: list[tuple[int, float]] = []
