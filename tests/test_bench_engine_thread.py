@@ -26,6 +26,8 @@ def test_engine_thread_bench_splits_each_requests_calls_by_stage(tiny_gguf, tmp_
     assert set(per_token) == {"plain", "hooks only", "live loop"}
     for fig in per_token.values():
         assert fig["inside_decode_us"] > 0 and fig["between_decodes_us"] > 0
+    for side in ("hooks only", "live loop"):  # paired with plain's rounds
+        assert {"inside_decode_vs_plain_us", "between_decodes_vs_plain_us"} <= set(per_token[side])
     rows = {r["call"]: r for r in doc["per_request"]["rows"]}
     # per 8-token request: one prompt graph (it yields the first token), then a decode
     # per sampled token, the last one's too (llama-cpp-python evaluates each token it
