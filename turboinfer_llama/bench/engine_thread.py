@@ -126,18 +126,24 @@ def _settle(llm: Any) -> None:
 
 
 @contextmanager
-def _timed_calls(record: Callable[[str, int], None], stage_of: Callable[[], str]) -> Iterator[None]:
+def _timed_calls(record: Callable[[str, int], None]) -> Iterator[None]:
     """Wrap :data:`CALLS` on ``PowerSession``; each call's ns go to ``record`` under
-    ``"<call>:<stage>"``, or ``"<call> (inside another):<stage>"`` for a call made by
+    ``"<call>:<stage>"`` (:data:`STAGES`: a request's prompt graph, its first decode,
+    its later decodes, told by the ``on_decode_end`` calls since its
+    ``on_request_begin``), or ``"<call> (inside another):<stage>"`` for a call made by
     another of them (``emit``). ``llama.py`` binds ``entering_decode`` when a model is
     made, so the models to time are made inside."""
     saved = {name: PowerSession.__dict__[name] for name in CALLS}
     depth = [0]
+    decodes_ended = [0]  # in the current request
 
     def wrapped(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(self: PowerSession, *args: Any, **kw: Any) -> Any:
-            stage = stage_of()
-            key = name if depth[0] == 0 else f"{name} (inside another)"
+            top = depth[0] == 0
+            if top and name == "on_request_begin":
+                decodes_ended[0] = 0
+            stage = STAGES[min(decodes_ended[0], len(STAGES) - 1)]
+            key = name if top else f"{name} (inside another)"
             depth[0] += 1
             t0 = time.perf_counter_ns()
             try:
@@ -146,6 +152,8 @@ def _timed_calls(record: Callable[[str, int], None], stage_of: Callable[[], str]
                 ns = time.perf_counter_ns() - t0
                 depth[0] -= 1
                 record(f"{key}:{stage}", ns)
+                if top and name == "on_decode_end":
+                    decodes_ended[0] += 1
 
         return call
 
@@ -164,11 +172,6 @@ def per_request_calls(
     """Median us per call and total us per request of each engine-thread entry point,
     by stage of the request (the first request is a warm-up, not counted)."""
     times: dict[str, list[int]] = collections.defaultdict(list)
-    decodes_ended = [0]  # in the current request
-
-    def stage() -> str:
-        return STAGES[min(decodes_ended[0], 2)]
-
     counting = [False]
 
     def record(key: str, ns: int) -> None:
@@ -176,22 +179,7 @@ def per_request_calls(
             times[key].append(ns)
 
     latency_ms: list[float] = []
-    with _timed_calls(record, stage):
-        inner_end = PowerSession.on_decode_end
-        inner_begin = PowerSession.on_request_begin
-
-        def on_decode_end(self: PowerSession) -> None:
-            try:
-                inner_end(self)
-            finally:
-                decodes_ended[0] += 1
-
-        def on_request_begin(self: PowerSession, n_prompt: int) -> None:
-            decodes_ended[0] = 0
-            inner_begin(self, n_prompt)
-
-        PowerSession.on_decode_end = on_decode_end  # type: ignore[method-assign]
-        PowerSession.on_request_begin = on_request_begin  # type: ignore[method-assign]
+    with _timed_calls(record):
         llm = Llama(**common, power=power)
         try:
             for i in range(requests + 1):

@@ -385,16 +385,17 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         if args.concurrent_s > 0:
-            _concurrency(args, ours, theirs)
+            _concurrency(args, sides)
         if args.rss_tokens > 0:
-            _memory(args, ours, theirs, sides, rss0)
+            _memory(args, sides, rss0)
     finally:
         for srv in servers:
             srv.close()
     return 0
 
 
-def _concurrency(args: argparse.Namespace, ours: Side, theirs: Side) -> None:
+def _concurrency(args: argparse.Namespace, sides: dict[str, Side]) -> None:
+    ours, theirs = sides["ours"], sides["theirs"]
     print(f"\n{args.concurrency} concurrent streams for {args.concurrent_s:.0f} s each:")
     for side in (ours, theirs):
         c = concurrent(side, args.concurrency, args.concurrent_s, args.stream_tokens)
@@ -415,9 +416,8 @@ def _concurrency(args: argparse.Namespace, ours: Side, theirs: Side) -> None:
         )
 
 
-def _memory(
-    args: argparse.Namespace, ours: Side, theirs: Side, sides: dict[str, Side], rss0: dict
-) -> None:
+def _memory(args: argparse.Namespace, sides: dict[str, Side], rss0: dict) -> None:
+    ours, theirs = sides["ours"], sides["theirs"]
     print(f"\nmemory after {args.rss_tokens} generated tokens (all phases together):")
     for side in (ours, theirs):
         i = 0

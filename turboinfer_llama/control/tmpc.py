@@ -1760,12 +1760,13 @@ class TubeMPC:
         stalls_total = d_base * nc
         stall_tube = d_early * nc * self._max_slowdown if droppable else 0.0
         debt, ref_elapsed = self._acc["decode"]
+        ref_1 = d_ref / nc  # one graph's reference
         after_prompt = self._prev_phase == "prefill"
         for g in range(graph + 1, target):  # running (or about to) on earlier plans
             p = self._planned.get(g)
             if p is not None:
                 debt += p.committed_ns if self.clock_coupled else max(p.committed_ns, 0.0)
-            elif after_prompt and g == graph + 1 and s_ns < d_ref / nc:
+            elif after_prompt and g == graph + 1 and s_ns < ref_1:
                 # the first decode graph after the prompt just learnt has no plan: it
                 # runs at the prompt plan's fallback level (a switch lands within a
                 # graph), and its time over the reference is debt this plan must leave
@@ -1773,8 +1774,8 @@ class TubeMPC:
                 # recording, 2%) planned the second decode graph of each request 5.7%
                 # over the reference, then ran the third at the top level to repay both
                 lv = self._event_fallback_lv
-                debt += (1.0 + r) * max(float(time_ns[0, lv]) - d_ref / nc, 0.0)
-            ref_elapsed += (p.ref_ns if p is not None else d_ref / nc) + d_base
+                debt += (1.0 + r) * max(float(time_ns[0, lv]) - ref_1, 0.0)
+            ref_elapsed += (p.ref_ns if p is not None else ref_1) + d_base
         allowed = self.slack * (ref_elapsed + d_ref + stalls_total) - debt
         # sum(d) - d_ref + r * (sum(d) - d_ref) + stall_tube <= allowed
         budget = d_ref + (allowed - stall_tube) / (1.0 + r)
@@ -1834,7 +1835,6 @@ class TubeMPC:
         sw, predicted = self._block_switches(tpl, blocks)
         # the model's own prediction (the gain is learnt against it) and its time at
         # the top level
-        ref_1 = d_ref / nc
         committed = (1.0 + r) * (used_here - ref_1) + stall_tube / nc
         self._planned[target] = _Planned(
             tpl.n,
