@@ -58,6 +58,15 @@ struct ti_hook {
 	_Atomic bool disabled;
 
 	/*
+	 * The callback's own time (ti_hook_set_self_timing): set between decodes, read by
+	 * the producer (relaxed); the sums are written only by the producer (relaxed load
+	 * and store) and read by anyone.
+	 */
+	_Atomic bool self_timing;
+	_Atomic int64_t self_ns;
+	_Atomic uint64_t self_calls;
+
+	/*
 	 * The plan executor fed with every ask and done, or NULL. Set between decodes by
 	 * ti_hook_set_executor (release), read by the producer (acquire).
 	 */
@@ -155,6 +164,20 @@ static bool ti_wants_done(const struct ti_hook *h, const char *name)
 	return false;
 }
 
+/* Adds the time since t_ns to the callback's own time, when that is on. */
+static void ti_self_time(struct ti_hook *h, int64_t t_ns)
+{
+	int64_t sum;
+	uint64_t calls;
+
+	if (!atomic_load_explicit(&h->self_timing, memory_order_relaxed))
+		return;
+	sum = atomic_load_explicit(&h->self_ns, memory_order_relaxed);
+	calls = atomic_load_explicit(&h->self_calls, memory_order_relaxed);
+	atomic_store_explicit(&h->self_ns, sum + (ti_now_ns() - t_ns), memory_order_relaxed);
+	atomic_store_explicit(&h->self_calls, calls + 1, memory_order_relaxed);
+}
+
 TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 {
 	struct ti_hook *h = user_data;
@@ -162,6 +185,7 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 	const char *name;
 	int64_t t_ns;
 	int32_t node;
+	bool want;
 
 	/* Inert answers: false on ask (no sync), true on done (false would abort). */
 	if (h == NULL || tensor == NULL ||
@@ -175,6 +199,7 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 		ti_push(h, tensor, name, h->cur_node, TI_DONE, t_ns);
 		if (ex != NULL)
 			ti_exec_on_node(ex, h->cur_node, false, t_ns);
+		ti_self_time(h, t_ns);
 		return true;
 	}
 	node = atomic_load_explicit(&h->next_node, memory_order_relaxed);
@@ -183,7 +208,9 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 	ti_push(h, tensor, name, node, TI_ASK, t_ns);
 	if (ex != NULL)
 		ti_exec_on_node(ex, node, true, t_ns);
-	return ti_wants_done(h, name);
+	want = ti_wants_done(h, name);
+	ti_self_time(h, t_ns);
+	return want;
 }
 
 static bool ti_config_ok(const struct ti_hook_config *cfg)
@@ -230,6 +257,9 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	atomic_init(&h->next_node, 0);
 	atomic_init(&h->disabled, false);
 	atomic_init(&h->exec, NULL);
+	atomic_init(&h->self_timing, false);
+	atomic_init(&h->self_ns, 0);
+	atomic_init(&h->self_calls, 0);
 	*out = h;
 	return 0;
 
@@ -339,6 +369,21 @@ TI_API void ti_hook_disable(struct ti_hook *h)
 {
 	if (h != NULL)
 		atomic_store_explicit(&h->disabled, true, memory_order_relaxed);
+}
+
+TI_API void ti_hook_set_self_timing(struct ti_hook *h, bool on)
+{
+	if (h != NULL)
+		atomic_store_explicit(&h->self_timing, on, memory_order_relaxed);
+}
+
+TI_API int64_t ti_hook_self_ns(const struct ti_hook *h, uint64_t *calls)
+{
+	if (h == NULL)
+		return 0;
+	if (calls != NULL)
+		*calls = atomic_load_explicit(&h->self_calls, memory_order_relaxed);
+	return atomic_load_explicit(&h->self_ns, memory_order_relaxed);
 }
 
 TI_API size_t ti_record_size(void)

@@ -112,6 +112,15 @@ TI_API uint64_t ti_hook_overflow(const struct ti_hook *h);
 /* Makes the callback inert at once: no records, false on ask, true on done. */
 TI_API void ti_hook_disable(struct ti_hook *h);
 
+/*
+ * The callback's own time, for benchmarks: when on, each call adds its duration (a
+ * second clock read at its end, ~20 ns) to a sum. ti_hook_self_ns returns the sum in
+ * ns since the hook was created and stores the number of calls timed in *calls (may
+ * be NULL). Switch it only between decodes.
+ */
+TI_API void ti_hook_set_self_timing(struct ti_hook *h, bool on);
+TI_API int64_t ti_hook_self_ns(const struct ti_hook *h, uint64_t *calls);
+
 struct ti_exec;
 /*
  * Feed a plan executor (hooks/ti_exec.h) from this hook: every ask and done goes to

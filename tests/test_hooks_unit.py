@@ -153,3 +153,34 @@ def test_missing_native_library_falls_back_and_says_so_once() -> None:
     lines = [line for line in done.stderr.splitlines() if "pure-Python" in line]
     assert len(lines) == 1
     assert lines[0].startswith("turboinfer_llama ") and "was not built" in lines[0]
+
+
+def test_the_native_callback_times_itself_only_while_asked() -> None:
+    if not hooks.NATIVE_AVAILABLE:
+        pytest.skip("native hooks not built")
+    api = ggml_mirror.load_ggml()
+    lib = api.lib
+    params = ggml_mirror._InitParams(
+        mem_size=4 * lib.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True
+    )
+    ctx = lib.ggml_init(params)
+    hook = hooks.make_hook("graph", 64, native=True)
+    assert isinstance(hook, hooks.NativeHook)
+    try:
+        t = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 1, 1, 1)
+        hook.begin_graph()
+        hook.cb_eval(t, True, hook.user_data)
+        assert hook.self_time() == (0, 0)  # off by default
+        hook.set_self_timing(True)
+        for _ in range(5):
+            hook.cb_eval(t, True, hook.user_data)
+        hook.set_self_timing(False)
+        hook.cb_eval(t, True, hook.user_data)
+        ns, calls = hook.self_time()
+        assert calls == 5 and ns > 0
+        assert len(hook.drain_raw()) == 7  # timing changes no record
+    finally:
+        hook.close()
+        lib.ggml_free(ctx)
+    with pytest.raises(hooks.HookError):
+        hook.self_time()

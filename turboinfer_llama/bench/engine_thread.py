@@ -80,12 +80,23 @@ def _timed_decode(log: list[tuple[int, int]]) -> Iterator[None]:
         llama_internals.llama_cpp.llama_decode = inner
 
 
+def _native_hook(llm: Any) -> Any:
+    """Our side's native hook (its callback can time itself), else None."""
+    power = getattr(llm, "power", None)
+    hook = getattr(power, "hook", None) if power is not None else None
+    return hook if hasattr(hook, "self_time") else None
+
+
 def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str, dict[str, float]]:
     """Per side: median us inside ``llama_decode`` and between two calls, per token
-    (median over rounds of each round's median; rounds alternate the sides' order)."""
+    (median over rounds of each round's median; rounds alternate the sides' order);
+    for ours, the eval callback's own time per token (timed in C, in the decodes of the
+    rounds, the prompt's included: total over rounds / decodes)."""
     log: list[tuple[int, int]] = []
     inside: dict[str, list[float]] = {k: [] for k in sides}
     between: dict[str, list[float]] = {k: [] for k in sides}
+    self_ns: dict[str, list[int]] = {k: [0, 0] for k in sides}  # ns, decodes
+    hooks = {k: _native_hook(llm) for k, llm in sides.items()}
     with _timed_decode(log):
         for llm in sides.values():  # warm-up
             decode_tokens_per_s(llm, PROMPT, 8)
@@ -94,7 +105,15 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
             order = list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))
             for name, llm in order:
                 log.clear()
+                hook = hooks[name]
+                if hook is not None:
+                    hook.set_self_timing(True)
+                    before = hook.self_time()[0]
                 decode_tokens_per_s(llm, PROMPT, tokens)
+                if hook is not None:
+                    hook.set_self_timing(False)
+                    self_ns[name][0] += hook.self_time()[0] - before
+                    self_ns[name][1] += len(log)
                 calls = log[2:]  # the prompt's and the first token's decode excluded
                 if len(calls) < 3:
                     raise RuntimeError("too few tokens generated to time decoding")
@@ -108,6 +127,8 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
             "inside_decode_us": statistics.median(inside[k]),
             "between_decodes_us": statistics.median(between[k]),
         }
+        if self_ns[k][1]:
+            fig["eval_callback_us"] = self_ns[k][0] / self_ns[k][1] / 1e3
         if k != "plain" and "plain" in sides:
             # paired by round (the host's drift between rounds cancels): a 1% cost
             # inside a 13 ms decode hides in the spread of the sides' own medians
@@ -248,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nper token, {args.rounds} interleaved rounds of {args.tokens} tokens (median us)")
     print(
         f"  {'side':<12}{'inside llama_decode':>22}{'between decodes':>18}"
-        f"   vs plain, paired by round: inside / between"
+        f"   vs plain, paired by round: inside / between    eval callback (C-timed)"
     )
     for name, fig in split.items():
         extra = ""
@@ -257,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fig['inside_decode_vs_plain_us']:+30.1f} / "
                 f"{fig['between_decodes_vs_plain_us']:+.1f}"
             )
+            if "eval_callback_us" in fig:
+                extra += f"{fig['eval_callback_us']:>20.1f}"
         print(
             f"  {name:<12}{fig['inside_decode_us']:>22.1f}{fig['between_decodes_us']:>18.1f}{extra}"
         )

@@ -181,6 +181,8 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ),
             ("ti_hook_overflow", ctypes.c_uint64, [vp]),
             ("ti_hook_disable", None, [vp]),
+            ("ti_hook_set_self_timing", None, [vp, ctypes.c_bool]),
+            ("ti_hook_self_ns", ctypes.c_int64, [vp, ctypes.POINTER(ctypes.c_uint64)]),
             ("ti_record_size", ctypes.c_size_t, []),
             ("ti_config_size", ctypes.c_size_t, []),
             ("ti_record_field_offset", ctypes.c_int64, [ctypes.c_char_p]),
@@ -565,6 +567,24 @@ class NativeHook:
         with self._lock:
             if self._handle is not None:
                 self._lib.ti_hook_disable(self._handle)
+
+    def set_self_timing(self, on: bool) -> None:
+        """Time each callback in C (a second clock read at its end, ~20 ns), for
+        benchmarks: :meth:`self_time` reads the sums. Only between decodes."""
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            self._lib.ti_hook_set_self_timing(self._handle, bool(on))
+
+    def self_time(self) -> tuple[int, int]:
+        """(ns spent inside the callback, calls timed) since the hook was created,
+        counted while :meth:`set_self_timing` was on."""
+        calls = ctypes.c_uint64()
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            ns = int(self._lib.ti_hook_self_ns(self._handle, ctypes.byref(calls)))
+        return ns, int(calls.value)
 
     def attach_executor(self, executor: NativeExecutor | None) -> None:
         """Feed ``executor`` (engine.executor) with every ask, done and begin_graph of
