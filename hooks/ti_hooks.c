@@ -19,6 +19,7 @@
 
 #define TI_LAYER_OUT_PREFIX "l_out-" /* llama.cpp's name for a layer's output node */
 #define TI_MAX_CAPACITY (1u << 22)   /* 4 Mi records, about 1 GB of ring */
+#define TI_TPL_MAX (1u << 15)        /* compact mode: nodes a template holds (7.9 MB) */
 
 struct ti_hook {
 	/* Immutable after ti_hook_create; read by both sides without ordering. */
@@ -56,6 +57,33 @@ struct ti_hook {
 
 	/* Set once by ti_hook_disable from any thread; checked first by the producer. */
 	_Atomic bool disabled;
+
+	/*
+	 * Compact repeats (ti_hook_set_compact, TI_GRAPH only). Owned by the producer side:
+	 * the thread that calls llama_decode (the callback runs on it) and, between its
+	 * decodes, ti_hook_begin_graph, ti_hook_end_graph, ti_hook_flush and
+	 * ti_hook_copy_template. Nothing here is touched by the ring's consumer otherwise.
+	 *
+	 * tpl[0..tpl_n): the last graph's records (the template), key[i] a hash of
+	 * tpl[i]'s bytes that a repeat must match (ti_record_key), t_rep[i] the ask time
+	 * of node i in the current graph while it repeats the template. tpl_gen counts
+	 * template changes. cur_n: asks in the current graph. repeating: the current
+	 * graph's asks so far match the template and are held here, not in the ring.
+	 * held: a closed graph (seq held_graph) repeated the whole template; its times wait
+	 * for ti_hook_end_graph, or go to the ring as records at the next begin or flush.
+	 */
+	_Atomic bool compact;
+	struct ti_record *tpl;
+	uint64_t *key;
+	int64_t *t_rep;
+	uint32_t tpl_cap;
+	uint32_t tpl_n;
+	uint64_t tpl_gen;
+	uint32_t cur_n;
+	bool open;
+	bool repeating;
+	bool held;
+	uint64_t held_graph;
 
 	/*
 	 * The callback's own time (ti_hook_set_self_timing): set between decodes, read by
@@ -121,18 +149,9 @@ static void ti_fill_shape(struct ti_record *r, const void *tensor, const struct 
 	}
 }
 
-static void ti_push(struct ti_hook *h, const void *tensor, const char *name, int32_t node,
-		    enum ti_phase phase, int64_t t_ns)
+static void ti_build(const struct ti_hook *h, struct ti_record *r, const void *tensor,
+		     const char *name, int32_t node, enum ti_phase phase, int64_t t_ns)
 {
-	uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
-	uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
-	struct ti_record *r;
-
-	if (head - tail >= h->capacity) {
-		atomic_fetch_add_explicit(&h->overflow, 1, memory_order_relaxed);
-		return;
-	}
-	r = &h->ring[head % h->capacity];
 	*r = (struct ti_record){
 		.t_ns = t_ns,
 		.graph = atomic_load_explicit(&h->graph, memory_order_relaxed),
@@ -147,7 +166,195 @@ static void ti_push(struct ti_hook *h, const void *tensor, const char *name, int
 	ti_copy_str(r->name, name, sizeof(r->name));
 	if (h->layout.valid)
 		ti_fill_shape(r, tensor, &h->layout);
+}
+
+/* Copies r into the next slot, or counts it as overflow when the ring is full. */
+static void ti_push_record(struct ti_hook *h, const struct ti_record *r)
+{
+	uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+
+	if (head - tail >= h->capacity) {
+		atomic_fetch_add_explicit(&h->overflow, 1, memory_order_relaxed);
+		return;
+	}
+	h->ring[head % h->capacity] = *r;
 	atomic_store_explicit(&h->head, head + 1, memory_order_release);
+}
+
+static void ti_push(struct ti_hook *h, const void *tensor, const char *name, int32_t node,
+		    enum ti_phase phase, int64_t t_ns)
+{
+	uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+
+	if (head - tail >= h->capacity) {
+		atomic_fetch_add_explicit(&h->overflow, 1, memory_order_relaxed);
+		return;
+	}
+	/* built in place: the slot is the only copy */
+	ti_build(h, &h->ring[head % h->capacity], tensor, name, node, phase, t_ns);
+	atomic_store_explicit(&h->head, head + 1, memory_order_release);
+}
+
+/* One step of a key's lane: a bijection of the lane for a fixed word, and of the word
+ * for a fixed lane. */
+#define TI_KEY_MUL 0xbf58476d1ce4e5b9u
+static inline uint64_t ti_mix(uint64_t lane, uint64_t w)
+{
+	return (lane ^ w) * TI_KEY_MUL;
+}
+
+static inline uint64_t ti_rotl(uint64_t x, unsigned k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+/*
+ * A node's key: a 64-bit hash of what its record holds but t_ns and graph (the node
+ * index, the op description's address, which names one static string, nbytes, the
+ * name's bytes, and with a layout the shapes and types of the node and its two
+ * sources), read straight from the tensor: no record is built. Four lanes keep the
+ * multiplies independent; every step and the final fold are bijections of the lane
+ * they change, so two nodes that differ in any one word always differ in key, and
+ * nodes differing in several collide with probability ~2^-64. Two op descriptions
+ * with the same text at two addresses only make a repeat look new (it is recorded).
+ */
+static uint64_t ti_tensor_key(const struct ti_hook *h, const void *tensor, const char *name,
+			      int32_t node)
+{
+	uint64_t a = 0x9e3779b97f4a7c15u, b = 0xc2b2ae3d27d4eb4fu;
+	uint64_t c = 0x165667b19e3779f9u, d = 0x27d4eb2f165667c5u;
+	uint64_t w = 0, nbytes = h->api.nbytes(tensor);
+	const char *op = h->api.op_desc(tensor);
+	size_t i;
+
+	a = ti_mix(a, (uint64_t)(uintptr_t)op);
+	b = ti_mix(b, nbytes);
+	c = ti_mix(c, (uint64_t)(uint32_t)node);
+	/* the name, word by word up to the word holding its NUL (a NULL name: none) */
+	for (i = 0; name != NULL && i < TI_NAME_LEN; i += sizeof(w)) {
+		memcpy(&w, name + i, sizeof(w)); /* ggml's name field is GGML_MAX_NAME bytes */
+		d = ti_mix(d, w);
+		if (memchr(&w, '\0', sizeof(w)) != NULL)
+			break;
+	}
+	if (h->layout.valid) {
+		const struct ti_layout *l = &h->layout;
+		const char *base = tensor;
+		const void *src[2];
+		int64_t ne[4];
+		int32_t type;
+		int k;
+
+		memcpy(ne, base + l->off_ne, sizeof(ne));
+		memcpy(&type, base + l->off_type, sizeof(type));
+		a = ti_mix(a, (uint64_t)ne[0]);
+		b = ti_mix(b, (uint64_t)ne[1]);
+		c = ti_mix(c, (uint64_t)ne[2]);
+		d = ti_mix(d, (uint64_t)ne[3]);
+		a = ti_mix(a, (uint64_t)(uint32_t)type);
+		memcpy(src, base + l->off_src, sizeof(src));
+		for (k = 0; k < 2; k++) {
+			if (src[k] == NULL) {
+				b = ti_mix(b, 0x5a5a5a5a5a5a5a5au + (uint64_t)k); /* absent */
+				continue;
+			}
+			memcpy(ne, (const char *)src[k] + l->off_ne, sizeof(ne));
+			memcpy(&type, (const char *)src[k] + l->off_type, sizeof(type));
+			b = ti_mix(b, (uint64_t)ne[0]);
+			c = ti_mix(c, (uint64_t)ne[1]);
+			d = ti_mix(d, (uint64_t)ne[2]);
+			a = ti_mix(a, (uint64_t)ne[3]);
+			b = ti_mix(b, (uint64_t)(uint32_t)type);
+		}
+	}
+	a ^= a >> 31;
+	b ^= b >> 31;
+	c ^= c >> 31;
+	d ^= d >> 31;
+	return a ^ ti_rotl(b, 16) ^ ti_rotl(c, 32) ^ ti_rotl(d, 48);
+}
+
+/* Pushes the first n template records as graph `graph`'s, with their held times. */
+static void ti_unhold(struct ti_hook *h, uint32_t n, uint64_t graph)
+{
+	struct ti_record r;
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		r = h->tpl[i];
+		r.t_ns = h->t_rep[i];
+		r.graph = graph;
+		ti_push_record(h, &r);
+	}
+}
+
+/* An ask in compact mode: held while the graph repeats the template, else recorded. */
+static void ti_compact_ask(struct ti_hook *h, const void *tensor, const char *name,
+			   int32_t node, int64_t t_ns)
+{
+	uint32_t i = h->cur_n;
+	struct ti_record *r;
+	uint64_t k;
+
+	if (i >= h->tpl_cap) { /* past the template's room: recorded, not kept */
+		if (h->repeating)
+			ti_unhold(h, i, atomic_load_explicit(&h->graph, memory_order_relaxed));
+		h->repeating = false;
+		ti_push(h, tensor, name, node, TI_ASK, t_ns);
+		h->cur_n = i + 1;
+		return;
+	}
+	k = ti_tensor_key(h, tensor, name, node);
+	if (h->repeating) {
+		if (i < h->tpl_n && h->key[i] == k) {
+			h->t_rep[i] = t_ns;
+			h->cur_n = i + 1;
+			return;
+		}
+		/* the first difference: the held asks go to the ring as they were */
+		ti_unhold(h, i, atomic_load_explicit(&h->graph, memory_order_relaxed));
+		h->repeating = false;
+	}
+	r = &h->tpl[i];
+	ti_build(h, r, tensor, name, node, TI_ASK, t_ns);
+	h->key[i] = k;
+	ti_push_record(h, r);
+	h->cur_n = i + 1;
+}
+
+/* Ends the open graph: a whole repeat is held; anything else becomes the template. */
+static void ti_close_graph(struct ti_hook *h)
+{
+	uint32_t n;
+
+	if (!h->open)
+		return;
+	h->open = false;
+	if (h->cur_n == 0) /* nothing asked (no llama_decode ran): the template stays */
+		return;
+	n = h->cur_n < h->tpl_cap ? h->cur_n : h->tpl_cap;
+	if (h->repeating && h->cur_n == h->tpl_n && n > 0) {
+		h->held = true;
+		h->held_graph = atomic_load_explicit(&h->graph, memory_order_relaxed);
+		return;
+	}
+	if (h->repeating) /* a shorter graph than the template: its asks are records */
+		ti_unhold(h, h->cur_n, atomic_load_explicit(&h->graph, memory_order_relaxed));
+	h->repeating = false;
+	/* a graph larger than the room is no template: the next one is recorded whole */
+	h->tpl_n = h->cur_n <= h->tpl_cap ? n : 0;
+	h->tpl_gen++;
+}
+
+/* A held repeat goes to the ring as records (nobody took its times). */
+static void ti_release_held(struct ti_hook *h)
+{
+	if (!h->held)
+		return;
+	h->held = false;
+	ti_unhold(h, h->tpl_n, h->held_graph);
 }
 
 static bool ti_wants_done(const struct ti_hook *h, const char *name)
@@ -205,7 +412,10 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 	node = atomic_load_explicit(&h->next_node, memory_order_relaxed);
 	atomic_store_explicit(&h->next_node, node + 1, memory_order_relaxed);
 	h->cur_node = node;
-	ti_push(h, tensor, name, node, TI_ASK, t_ns);
+	if (atomic_load_explicit(&h->compact, memory_order_relaxed))
+		ti_compact_ask(h, tensor, name, node, t_ns);
+	else
+		ti_push(h, tensor, name, node, TI_ASK, t_ns);
 	if (ex != NULL)
 		ti_exec_on_node(ex, node, true, t_ns);
 	want = ti_wants_done(h, name);
@@ -257,6 +467,7 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	atomic_init(&h->next_node, 0);
 	atomic_init(&h->disabled, false);
 	atomic_init(&h->exec, NULL);
+	atomic_init(&h->compact, false);
 	atomic_init(&h->self_timing, false);
 	atomic_init(&h->self_ns, 0);
 	atomic_init(&h->self_calls, 0);
@@ -273,6 +484,9 @@ TI_API void ti_hook_destroy(struct ti_hook *h)
 {
 	if (h == NULL)
 		return;
+	free(h->t_rep);
+	free(h->key);
+	free(h->tpl);
 	free(h->ring);
 	free(h);
 }
@@ -283,6 +497,13 @@ TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h)
 
 	if (h == NULL)
 		return 0;
+	if (atomic_load_explicit(&h->compact, memory_order_relaxed)) {
+		ti_close_graph(h);
+		ti_release_held(h);
+		h->open = true;
+		h->cur_n = 0;
+		h->repeating = h->tpl_n > 0;
+	}
 	seq = atomic_load_explicit(&h->graph, memory_order_relaxed) + 1;
 	atomic_store_explicit(&h->graph, seq, memory_order_relaxed);
 	atomic_store_explicit(&h->next_node, 0, memory_order_relaxed);
@@ -356,6 +577,88 @@ TI_API uint32_t ti_hook_drain_like(struct ti_hook *h, const struct ti_record *tp
 	}
 	atomic_store_explicit(&h->tail, tail + n, memory_order_release);
 	return n;
+}
+
+TI_API int ti_hook_set_compact(struct ti_hook *h, bool on)
+{
+	uint32_t cap;
+
+	if (h == NULL || (on && h->granularity != TI_GRAPH))
+		return -EINVAL;
+	if (!on) {
+		ti_close_graph(h);
+		ti_release_held(h);
+		h->open = false;
+		h->tpl_n = 0;
+		atomic_store_explicit(&h->compact, false, memory_order_relaxed);
+		return 0;
+	}
+	if (h->tpl == NULL) {
+		cap = h->capacity < TI_TPL_MAX ? h->capacity : TI_TPL_MAX;
+		h->tpl = calloc(cap, sizeof(*h->tpl));
+		h->key = calloc(cap, sizeof(*h->key));
+		h->t_rep = calloc(cap, sizeof(*h->t_rep));
+		if (h->tpl == NULL || h->key == NULL || h->t_rep == NULL)
+			goto fail;
+		h->tpl_cap = cap;
+	}
+	atomic_store_explicit(&h->compact, true, memory_order_relaxed);
+	return 0;
+
+fail:
+	free(h->t_rep);
+	free(h->key);
+	free(h->tpl);
+	h->t_rep = NULL;
+	h->key = NULL;
+	h->tpl = NULL;
+	return -ENOMEM;
+}
+
+TI_API int64_t ti_hook_end_graph(struct ti_hook *h, uint64_t graph, int64_t *t_ns_out,
+				 uint32_t max, uint64_t *gen)
+{
+	uint32_t n;
+
+	if (h == NULL || !atomic_load_explicit(&h->compact, memory_order_relaxed))
+		return 0;
+	ti_close_graph(h);
+	if (gen != NULL)
+		*gen = h->tpl_gen;
+	if (!h->held)
+		return 0;
+	n = h->tpl_n;
+	if (h->held_graph != graph) {
+		ti_release_held(h);
+		return 0;
+	}
+	if (max < n || t_ns_out == NULL)
+		return -(int64_t)n;
+	memcpy(t_ns_out, h->t_rep, n * sizeof(*t_ns_out));
+	h->held = false;
+	return n;
+}
+
+TI_API void ti_hook_flush(struct ti_hook *h)
+{
+	if (h == NULL || !atomic_load_explicit(&h->compact, memory_order_relaxed))
+		return;
+	ti_close_graph(h);
+	ti_release_held(h);
+}
+
+TI_API int64_t ti_hook_copy_template(const struct ti_hook *h, struct ti_record *out,
+				     uint32_t max, uint64_t *gen)
+{
+	if (h == NULL || !atomic_load_explicit(&h->compact, memory_order_relaxed))
+		return 0;
+	if (gen != NULL)
+		*gen = h->tpl_gen;
+	if (max < h->tpl_n)
+		return -(int64_t)h->tpl_n;
+	if (out != NULL)
+		memcpy(out, h->tpl, h->tpl_n * sizeof(*out));
+	return h->tpl_n;
 }
 
 TI_API uint64_t ti_hook_overflow(const struct ti_hook *h)

@@ -90,7 +90,10 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 TI_API void ti_hook_destroy(struct ti_hook *h);
 /* The cb_eval itself: pass its address as context_params.cb_eval, h as user data. */
 TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data);
-/* Before each llama_decode: graph seq += 1, node index back to 0. Returns the seq. */
+/*
+ * Before each llama_decode: graph seq += 1, node index back to 0. Returns the seq.
+ * In compact mode it first ends the previous graph (a held repeat goes to the ring).
+ */
 TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h);
 /* Copies up to max records, oldest first, and frees their slots. Returns the count. */
 TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t max);
@@ -107,6 +110,39 @@ TI_API uint32_t ti_hook_pending(const struct ti_hook *h);
  */
 TI_API uint32_t ti_hook_drain_like(struct ti_hook *h, const struct ti_record *tpl, uint32_t n,
 				   uint64_t graph, int64_t *t_ns_out);
+/*
+ * Compact repeats, at TI_GRAPH granularity: llama.cpp reuses a decode graph token
+ * after token, so its ~600 records (240 bytes each) repeat but for t_ns and graph.
+ * With compact on, the hook keeps the last graph's records (the template) and, while a
+ * graph's asks match it node by node (ti_record_key, every byte but t_ns and graph),
+ * keeps only their ask times; at the first difference the held asks go to the ring
+ * as the records they would have been, and the rest of the graph is recorded as usual.
+ * The ring thus holds every record of every graph except those of whole repeats,
+ * which ti_hook_end_graph hands over as times (8 bytes per record).
+ *
+ * All of these run on the producer side: the thread that calls llama_decode, between
+ * its decodes (the callback itself runs inside them).
+ *
+ * ti_hook_set_compact: 0, -EINVAL (another granularity), -ENOMEM (the template, 256
+ * bytes per node for up to min(capacity, 32768) nodes). Off releases what is held.
+ * ti_hook_end_graph: ends the current graph. If it repeated the whole template and is
+ * graph `graph`, copies its n ask times to t_ns_out and returns n: record i is then
+ * template record i with t_ns_out[i] and `graph`. Returns -n (nothing taken, still
+ * held) when max < n or t_ns_out is NULL; 0 when the graph is no whole repeat (or another graph was named): its
+ * records are in the ring. *gen (may be NULL) gets the template's generation, which
+ * changes whenever the template does.
+ * ti_hook_flush: ends the current graph; a held repeat goes to the ring as records.
+ * Call it before a drain that must see every record (ti_hook_drain).
+ * ti_hook_copy_template: copies the template's n records to out and returns n, or -n
+ * when max < n; *gen as above. 0 when compact is off.
+ */
+TI_API int ti_hook_set_compact(struct ti_hook *h, bool on);
+TI_API int64_t ti_hook_end_graph(struct ti_hook *h, uint64_t graph, int64_t *t_ns_out,
+				 uint32_t max, uint64_t *gen);
+TI_API void ti_hook_flush(struct ti_hook *h);
+TI_API int64_t ti_hook_copy_template(const struct ti_hook *h, struct ti_record *out,
+				     uint32_t max, uint64_t *gen);
+
 /* Records dropped because the ring was full. */
 TI_API uint64_t ti_hook_overflow(const struct ti_hook *h);
 /* Makes the callback inert at once: no records, false on ask, true on done. */

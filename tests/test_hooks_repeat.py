@@ -23,14 +23,19 @@ N_GEN = 5
 _VARYING = ("t_ns", "graph")
 
 
-def _run(mdl: ctypes.c_void_p, granularity: str, repeat: bool, misname: int = -1) -> list[tuple]:
+def _run(
+    mdl: ctypes.c_void_p, granularity: str, repeat: bool, misname: int = -1, compact: bool = False
+) -> list[tuple]:
     """Greedy decode; after each llama_decode the hook is drained with drain_graph
     (``repeat``) or drain_raw. (graph, t_before, t_after, drained) per step, then the
-    hook. At step ``misname`` drain_graph is told another graph number."""
+    hook. At step ``misname`` drain_graph is told another graph number. ``compact``:
+    the C side tells the repeats (``NativeHook.set_compact``)."""
     if not hooks.NATIVE_AVAILABLE:
         pytest.skip(f"native hooks not built: {hooks._NATIVE_WHY}")
     hook = hooks.make_hook(granularity, 1 << 14)
     assert isinstance(hook, hooks.NativeHook)
+    if compact:
+        hook.set_compact(True)
     ctx = hooked_context(mdl, hook)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(mdl))
     steps: list[tuple] = []
@@ -60,10 +65,16 @@ def _masked(rec: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("granularity", hooks.GRANULARITIES)
-def test_repeats_are_the_records_drain_raw_gives(model: ctypes.c_void_p, granularity) -> None:  # noqa: F811
+@pytest.mark.parametrize(
+    ("granularity", "compact"), [(g, False) for g in hooks.GRANULARITIES] + [("graph", True)]
+)
+def test_repeats_are_the_records_drain_raw_gives(
+    model: ctypes.c_void_p,  # noqa: F811
+    granularity: str,
+    compact: bool,
+) -> None:
     ref = _run(model, granularity, repeat=False)
-    got = _run(model, granularity, repeat=True)
+    got = _run(model, granularity, repeat=True, compact=compact)
     hook = got.pop()[3]
     ref.pop()
     kinds = [type(raw) for *_, raw in got]
@@ -90,8 +101,9 @@ def test_repeats_are_the_records_drain_raw_gives(model: ctypes.c_void_p, granula
     hook.close()
 
 
-def test_a_repeat_gives_the_planner_the_same_batch(model: ctypes.c_void_p) -> None:  # noqa: F811
-    steps = _run(model, "graph", repeat=True)
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_repeat_gives_the_planner_the_same_batch(model: ctypes.c_void_p, compact: bool) -> None:  # noqa: F811
+    steps = _run(model, "graph", repeat=True, compact=compact)
     steps.pop()[3].close()
     direct, rebuilt = NodeCosts(), NodeCosts()
     repeats = 0
@@ -108,19 +120,23 @@ def test_a_repeat_gives_the_planner_the_same_batch(model: ctypes.c_void_p) -> No
     assert direct.graph_hits == rebuilt.graph_hits > 0
 
 
-def test_a_drain_that_does_not_repeat_is_taken_in_full(model: ctypes.c_void_p) -> None:  # noqa: F811
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_drain_that_does_not_repeat_is_taken_in_full(model: ctypes.c_void_p, compact: bool) -> None:  # noqa: F811
     """Records that are not the template's (here: of another graph than the one named)
     are no repeat: the check consumes nothing, the full drain returns every record, and
-    it is the template from then on."""
+    it is the template from then on (compact: the C side's template, the same records)."""
     ref = _run(model, "graph", repeat=False)
-    got = _run(model, "graph", repeat=True, misname=3)
+    got = _run(model, "graph", repeat=True, misname=3, compact=compact)
     got.pop()[3].close()
     ref.pop()
     kinds = [type(raw) for *_, raw in got]
     assert kinds == [np.ndarray, np.ndarray, hooks.GraphRecords, np.ndarray, hooks.GraphRecords]
     full, want = got[3][3], ref[3][3]
     assert np.array_equal(_masked(full), _masked(want))
-    assert got[4][3].template is full
+    if compact:
+        assert np.array_equal(_masked(got[4][3].template), _masked(full))
+    else:
+        assert got[4][3].template is full
 
 
 def test_the_planner_wakeup_keeps_one_pending_set() -> None:

@@ -115,6 +115,13 @@ class PowerSession:
         self._decode_block: Callable[[Any], Any] | None = getattr(hook, "decode_block", None)
         # a graph's records as a repeat of the last graph's, where the hook can
         self._drain_graph: Callable[[int], Any] | None = getattr(hook, "drain_graph", None)
+        if self._drain_graph is not None and hook.granularity == "graph":
+            # a repeated decode graph stays out of the ring (its ask times only): the
+            # engine thread drains it at each graph's end, and every drain of ours runs
+            # there between decodes (hooks.NativeHook.set_compact)
+            set_compact = getattr(hook, "set_compact", None)
+            if set_compact is not None:
+                set_compact(True)
         self._pending: list[Any] = []
         self._pending_records = 0
         self._swap_lock = threading.Lock()  # guards _pending/_pending_records (brief)

@@ -182,6 +182,10 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_hook_overflow", ctypes.c_uint64, [vp]),
             ("ti_hook_disable", None, [vp]),
             ("ti_hook_set_self_timing", None, [vp, ctypes.c_bool]),
+            ("ti_hook_set_compact", ctypes.c_int, [vp, ctypes.c_bool]),
+            ("ti_hook_end_graph", ctypes.c_int64, [vp, ctypes.c_uint64, vp, ctypes.c_uint32, vp]),
+            ("ti_hook_flush", None, [vp]),
+            ("ti_hook_copy_template", ctypes.c_int64, [vp, vp, ctypes.c_uint32, vp]),
             ("ti_hook_self_ns", ctypes.c_int64, [vp, ctypes.POINTER(ctypes.c_uint64)]),
             ("ti_record_size", ctypes.c_size_t, []),
             ("ti_config_size", ctypes.c_size_t, []),
@@ -222,6 +226,13 @@ def _load_held(lib: ctypes.CDLL | None) -> ctypes.PyDLL | None:
             ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
             ("ti_hook_pending", ctypes.c_uint32, [vp]),
             ("ti_hook_drain_like", ctypes.c_uint32, [vp, vp, ctypes.c_uint32, ctypes.c_uint64, vp]),
+            (
+                "ti_hook_end_graph",
+                ctypes.c_int64,
+                [vp, ctypes.c_uint64, vp, ctypes.c_uint32, vp],
+            ),
+            ("ti_hook_flush", None, [vp]),
+            ("ti_hook_copy_template", ctypes.c_int64, [vp, vp, ctypes.c_uint32, vp]),
         ]:
             fn = getattr(held, name)
             fn.restype = restype
@@ -444,6 +455,12 @@ class NativeHook:
         self._tns_slab = np.empty(0, dtype=np.int64)
         self._tns_addr = 0
         self._tns_pos = 0
+        # compact repeats (set_compact): the C side holds the template; ours is its
+        # copy of generation _tpl_gen
+        self._compact = False
+        self._tpl_gen = -1
+        self._gen = ctypes.c_uint64()
+        self._gen_ref = ctypes.byref(self._gen)
         self._decoder = _Decoder(self._shape_from_key)
         self._blocks = BlockDecoder(self._decoder.texts, records_same_shape, _shape_keys)
         self._executor: NativeExecutor | None = None
@@ -455,11 +472,28 @@ class NativeHook:
             raise HookError("hook is closed")
         return int(self._held.ti_hook_begin_graph(self._handle))
 
+    def set_compact(self, on: bool) -> None:
+        """Compact repeats (``ti_hook_set_compact``, ``graph`` granularity only): a
+        graph that repeats the last one node by node reaches the ring only as its ask
+        times, taken by :meth:`drain_graph`; the drains flush what is held first. Call
+        it, and every drain, on the thread that calls ``llama_decode``, between decodes
+        (the C side's template is that thread's)."""
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            rc = self._lib.ti_hook_set_compact(self._handle, bool(on))
+            if rc != 0:
+                raise HookError(f"ti_hook_set_compact failed: {os.strerror(-rc)}")
+            self._compact = bool(on)
+            self._tpl_gen = -1
+
     def drain(self) -> list[Event]:
         events: list[Event] = []
         with self._lock:
             if self._handle is None:
                 return events
+            if self._compact:
+                self._held.ti_hook_flush(self._handle)
             buf = self._buf
             while True:
                 n = self._lib.ti_hook_drain(self._handle, buf.ctypes.data, len(buf))
@@ -476,6 +510,8 @@ class NativeHook:
             if handle is None:
                 return self._empty
             lib = self._held
+            if self._compact:
+                lib.ti_hook_flush(handle)
             while True:
                 want = lib.ti_hook_pending(handle)
                 if not want:
@@ -495,7 +531,10 @@ class NativeHook:
         """``drain_raw`` at the end of graph ``graph``: when its records repeat the last
         full drain's in everything but their times (every decode token), only their
         t_ns are copied out (``GraphRecords``); otherwise the records, which become the
-        template for the next graphs."""
+        template for the next graphs. In compact mode (:meth:`set_compact`) the C side
+        tells the repeat while the graph runs and keeps its records out of the ring."""
+        if self._compact:
+            return self._end_graph(graph)
         tpl = self._tpl
         if tpl is not None:
             n = len(tpl)
@@ -521,6 +560,45 @@ class NativeHook:
             self._tpl = raw
             self._tpl_addr = raw.ctypes.data
         return raw
+
+    def _end_graph(self, graph: int) -> np.ndarray | GraphRecords:
+        with self._lock:
+            handle = self._handle
+            if handle is None:
+                return self._empty
+            lib = self._held
+            pos = self._tns_pos
+            got = lib.ti_hook_end_graph(
+                handle, graph, self._tns_addr + 8 * pos, len(self._tns_slab) - pos, self._gen_ref
+            )
+            if got < 0:  # the slab is short: a fresh one
+                self._tns_slab = np.empty(max(-got, _TNS_SLAB), dtype=np.int64)
+                self._tns_addr = self._tns_slab.ctypes.data
+                pos = 0
+                got = lib.ti_hook_end_graph(
+                    handle, graph, self._tns_addr, len(self._tns_slab), self._gen_ref
+                )
+            if got > 0:
+                if self._gen.value != self._tpl_gen:
+                    self._copy_template(handle)
+                assert self._tpl is not None and len(self._tpl) == got
+                self._tns_pos = pos + got
+                t_ns = self._tns_slab[pos : pos + got]
+                t_ns.setflags(write=False)  # shared: the timeline and the planner
+                return GraphRecords(self._tpl, t_ns, graph)
+        return self.drain_raw()
+
+    def _copy_template(self, handle: int) -> None:
+        """Our copy of the C side's template (it changed: a graph that was no repeat)."""
+        lib = self._lib
+        n = -int(lib.ti_hook_copy_template(handle, None, 0, self._gen_ref))
+        tpl = np.empty(n, dtype=RECORD_DTYPE)
+        if lib.ti_hook_copy_template(handle, tpl.ctypes.data, n, self._gen_ref) != n:
+            raise HookError("the hook's template changed while it was copied")
+        tpl.setflags(write=False)
+        self._tpl = tpl
+        self._tpl_addr = tpl.ctypes.data
+        self._tpl_gen = self._gen.value
 
     def decode_raw(self, raw: np.ndarray | GraphRecords) -> list[Event]:
         out: list[Event] = []
