@@ -121,7 +121,10 @@ def test_a_repeat_gives_the_planner_the_same_batch(model: ctypes.c_void_p, compa
 
 
 @pytest.mark.parametrize("compact", [False, True])
-def test_a_drain_that_does_not_repeat_is_taken_in_full(model: ctypes.c_void_p, compact: bool) -> None:  # noqa: F811
+def test_a_drain_that_does_not_repeat_is_taken_in_full(
+    model: ctypes.c_void_p,  # noqa: F811
+    compact: bool,
+) -> None:
     """Records that are not the template's (here: of another graph than the one named)
     are no repeat: the check consumes nothing, the full drain returns every record, and
     it is the template from then on (compact: the C side's template, the same records)."""
