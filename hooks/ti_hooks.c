@@ -76,6 +76,7 @@ struct ti_hook {
 	struct ti_record *tpl;
 	uint64_t *key;
 	int64_t *t_rep;
+	const void **tpl_ptr; /* tpl[i]'s tensor: where a reused graph's node i must be */
 	uint32_t tpl_cap;
 	uint32_t tpl_n;
 	uint64_t tpl_gen;
@@ -84,6 +85,26 @@ struct ti_hook {
 	bool repeating;
 	bool held;
 	uint64_t held_graph;
+
+	/*
+	 * llama.cpp's graph reuse (ti_hook_set_reuse_probe): when the context's reuse
+	 * count went up by one since the last graph's first ask, llama.cpp computes the
+	 * very graph it computed last (the same tensors, only inputs set), and a node at
+	 * its template node's address is that node: no need to read the tensor. reused:
+	 * the count at the last graph's first ask; single: the template came from one
+	 * ubatch (its first node was not asked again); trusted: this graph is reused.
+	 */
+	ti_llama_perf_fn perf;
+	const void *perf_ctx;
+	int32_t reused;
+	bool single;
+	bool tpl_single;
+	bool trusted;
+	const void *first_ptr;
+	/* asks told a repeat by address, by key, and recorded (ti_hook_compact_stats) */
+	uint64_t n_by_address;
+	uint64_t n_by_key;
+	uint64_t n_recorded;
 
 	/*
 	 * The callback's own time (ti_hook_set_self_timing): set between decodes, read by
@@ -291,26 +312,50 @@ static void ti_unhold(struct ti_hook *h, uint32_t n, uint64_t graph)
 }
 
 /* An ask in compact mode: held while the graph repeats the template, else recorded. */
-static void ti_compact_ask(struct ti_hook *h, const void *tensor, const char *name,
-			   int32_t node, int64_t t_ns)
+static void ti_compact_ask(struct ti_hook *h, const void *tensor, int32_t node, int64_t t_ns)
 {
 	uint32_t i = h->cur_n;
 	struct ti_record *r;
+	const char *name;
 	uint64_t k;
 
+	if (i == 0) {
+		h->first_ptr = tensor;
+		h->single = true;
+		h->trusted = false;
+		if (h->perf != NULL) {
+			int32_t now = h->perf(h->perf_ctx).n_reused;
+
+			h->trusted = h->repeating && h->tpl_single && now == h->reused + 1;
+			h->reused = now;
+		}
+	} else if (tensor == h->first_ptr) {
+		h->single = false; /* another ubatch of this llama_decode */
+	}
+	/* a reused graph's node where its template node was: nothing to read */
+	if (h->trusted && h->repeating && i < h->tpl_n && h->tpl_ptr[i] == tensor) {
+		h->t_rep[i] = t_ns;
+		h->cur_n = i + 1;
+		h->n_by_address++;
+		return;
+	}
+	name = h->api.get_name(tensor);
 	if (i >= h->tpl_cap) { /* past the template's room: recorded, not kept */
 		if (h->repeating)
 			ti_unhold(h, i, atomic_load_explicit(&h->graph, memory_order_relaxed));
 		h->repeating = false;
 		ti_push(h, tensor, name, node, TI_ASK, t_ns);
 		h->cur_n = i + 1;
+		h->n_recorded++;
 		return;
 	}
 	k = ti_tensor_key(h, tensor, name, node);
 	if (h->repeating) {
 		if (i < h->tpl_n && h->key[i] == k) {
 			h->t_rep[i] = t_ns;
+			h->tpl_ptr[i] = tensor;
 			h->cur_n = i + 1;
+			h->n_by_key++;
 			return;
 		}
 		/* the first difference: the held asks go to the ring as they were */
@@ -320,8 +365,10 @@ static void ti_compact_ask(struct ti_hook *h, const void *tensor, const char *na
 	r = &h->tpl[i];
 	ti_build(h, r, tensor, name, node, TI_ASK, t_ns);
 	h->key[i] = k;
+	h->tpl_ptr[i] = tensor;
 	ti_push_record(h, r);
 	h->cur_n = i + 1;
+	h->n_recorded++;
 }
 
 /* Ends the open graph: a whole repeat is held; anything else becomes the template. */
@@ -336,6 +383,8 @@ static void ti_close_graph(struct ti_hook *h)
 		return;
 	n = h->cur_n < h->tpl_cap ? h->cur_n : h->tpl_cap;
 	if (h->repeating && h->cur_n == h->tpl_n && n > 0) {
+		/* the same records: the template stays, from one ubatch if this was */
+		h->tpl_single = h->tpl_single && h->single;
 		h->held = true;
 		h->held_graph = atomic_load_explicit(&h->graph, memory_order_relaxed);
 		return;
@@ -345,6 +394,7 @@ static void ti_close_graph(struct ti_hook *h)
 	h->repeating = false;
 	/* a graph larger than the room is no template: the next one is recorded whole */
 	h->tpl_n = h->cur_n <= h->tpl_cap ? n : 0;
+	h->tpl_single = h->single;
 	h->tpl_gen++;
 }
 
@@ -400,8 +450,20 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 		return !ask;
 
 	t_ns = ti_now_ns();
-	name = h->api.get_name(tensor);
 	ex = atomic_load_explicit(&h->exec, memory_order_acquire);
+	if (ask && atomic_load_explicit(&h->compact, memory_order_relaxed)) {
+		/* graph granularity: never a done to ask for, so the name is the compact
+		 * path's to read, only where it must */
+		node = atomic_load_explicit(&h->next_node, memory_order_relaxed);
+		atomic_store_explicit(&h->next_node, node + 1, memory_order_relaxed);
+		h->cur_node = node;
+		ti_compact_ask(h, tensor, node, t_ns);
+		if (ex != NULL)
+			ti_exec_on_node(ex, node, true, t_ns);
+		ti_self_time(h, t_ns);
+		return false;
+	}
+	name = h->api.get_name(tensor);
 	if (!ask) {
 		ti_push(h, tensor, name, h->cur_node, TI_DONE, t_ns);
 		if (ex != NULL)
@@ -412,10 +474,7 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 	node = atomic_load_explicit(&h->next_node, memory_order_relaxed);
 	atomic_store_explicit(&h->next_node, node + 1, memory_order_relaxed);
 	h->cur_node = node;
-	if (atomic_load_explicit(&h->compact, memory_order_relaxed))
-		ti_compact_ask(h, tensor, name, node, t_ns);
-	else
-		ti_push(h, tensor, name, node, TI_ASK, t_ns);
+	ti_push(h, tensor, name, node, TI_ASK, t_ns);
 	if (ex != NULL)
 		ti_exec_on_node(ex, node, true, t_ns);
 	want = ti_wants_done(h, name);
@@ -484,6 +543,7 @@ TI_API void ti_hook_destroy(struct ti_hook *h)
 {
 	if (h == NULL)
 		return;
+	free(h->tpl_ptr);
 	free(h->t_rep);
 	free(h->key);
 	free(h->tpl);
@@ -598,7 +658,8 @@ TI_API int ti_hook_set_compact(struct ti_hook *h, bool on)
 		h->tpl = calloc(cap, sizeof(*h->tpl));
 		h->key = calloc(cap, sizeof(*h->key));
 		h->t_rep = calloc(cap, sizeof(*h->t_rep));
-		if (h->tpl == NULL || h->key == NULL || h->t_rep == NULL)
+		h->tpl_ptr = calloc(cap, sizeof(*h->tpl_ptr));
+		if (h->tpl == NULL || h->key == NULL || h->t_rep == NULL || h->tpl_ptr == NULL)
 			goto fail;
 		h->tpl_cap = cap;
 	}
@@ -606,13 +667,38 @@ TI_API int ti_hook_set_compact(struct ti_hook *h, bool on)
 	return 0;
 
 fail:
+	free(h->tpl_ptr);
 	free(h->t_rep);
 	free(h->key);
 	free(h->tpl);
+	h->tpl_ptr = NULL;
 	h->t_rep = NULL;
 	h->key = NULL;
 	h->tpl = NULL;
 	return -ENOMEM;
+}
+
+TI_API int64_t ti_hook_set_reuse_probe(struct ti_hook *h, ti_llama_perf_fn perf,
+					const void *llama_ctx)
+{
+	if (h == NULL || (perf == NULL) != (llama_ctx == NULL))
+		return -EINVAL;
+	h->perf = perf;
+	h->perf_ctx = llama_ctx;
+	h->tpl_single = false; /* trust nothing recorded before the probe */
+	if (perf == NULL)
+		return 0;
+	h->reused = perf(llama_ctx).n_reused;
+	return h->reused;
+}
+
+TI_API void ti_hook_compact_stats(const struct ti_hook *h, uint64_t out[3])
+{
+	if (h == NULL || out == NULL)
+		return;
+	out[0] = h->n_by_address;
+	out[1] = h->n_by_key;
+	out[2] = h->n_recorded;
 }
 
 TI_API int64_t ti_hook_end_graph(struct ti_hook *h, uint64_t graph, int64_t *t_ns_out,

@@ -137,6 +137,38 @@ TI_API uint32_t ti_hook_drain_like(struct ti_hook *h, const struct ti_record *tp
  * when max < n; *gen as above. 0 when compact is off.
  */
 TI_API int ti_hook_set_compact(struct ti_hook *h, bool on);
+
+/* llama.h's struct llama_perf_context_data, for its graph reuse count. */
+struct ti_llama_perf {
+	double t_start_ms;
+	double t_load_ms;
+	double t_p_eval_ms;
+	double t_eval_ms;
+	int32_t n_p_eval;
+	int32_t n_eval;
+	int32_t n_reused;
+};
+typedef struct ti_llama_perf (*ti_llama_perf_fn)(const void *llama_ctx);
+
+/*
+ * Compact mode, with llama.cpp's graph reuse: perf is llama_perf_context and llama_ctx
+ * the context this hook's callback runs in (both NULL: off). When the context's reuse
+ * count went up by exactly one since the last graph's first ask, llama.cpp is
+ * computing the graph it computed last, unchanged (the same ggml tensors; only input
+ * data is set), so a node at the address of the template's node i, where the template
+ * came from one ubatch, is taken as a repeat without reading the tensor. Anything
+ * else (another address, a rebuilt graph, a template of several ubatches) goes
+ * through the node keys as before. Returns the reuse count now (the caller checks it
+ * against llama_perf_context's own) or -EINVAL. Call between decodes; the context
+ * must outlive every later decode of this hook, or the probe be cleared first.
+ */
+TI_API int64_t ti_hook_set_reuse_probe(struct ti_hook *h, ti_llama_perf_fn perf,
+				       const void *llama_ctx);
+/*
+ * Compact mode's asks so far: out[0] told a repeat by address (a reused graph),
+ * out[1] by key, out[2] recorded (ring and template). Between decodes.
+ */
+TI_API void ti_hook_compact_stats(const struct ti_hook *h, uint64_t out[3]);
 TI_API int64_t ti_hook_end_graph(struct ti_hook *h, uint64_t graph, int64_t *t_ns_out,
 				 uint32_t max, uint64_t *gen);
 TI_API void ti_hook_flush(struct ti_hook *h);

@@ -24,12 +24,18 @@ _VARYING = ("t_ns", "graph")
 
 
 def _run(
-    mdl: ctypes.c_void_p, granularity: str, repeat: bool, misname: int = -1, compact: bool = False
+    mdl: ctypes.c_void_p,
+    granularity: str,
+    repeat: bool,
+    misname: int = -1,
+    compact: bool = False,
+    probe: bool = False,
 ) -> list[tuple]:
     """Greedy decode; after each llama_decode the hook is drained with drain_graph
     (``repeat``) or drain_raw. (graph, t_before, t_after, drained) per step, then the
     hook. At step ``misname`` drain_graph is told another graph number. ``compact``:
-    the C side tells the repeats (``NativeHook.set_compact``)."""
+    the C side tells the repeats (``NativeHook.set_compact``); ``probe``: with
+    llama.cpp's graph reuse count (``NativeHook.set_reuse_probe``)."""
     if not hooks.NATIVE_AVAILABLE:
         pytest.skip(f"native hooks not built: {hooks._NATIVE_WHY}")
     hook = hooks.make_hook(granularity, 1 << 14)
@@ -37,6 +43,8 @@ def _run(
     if compact:
         hook.set_compact(True)
     ctx = hooked_context(mdl, hook)
+    if probe:
+        assert hook.set_reuse_probe(ctx)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(mdl))
     steps: list[tuple] = []
     tokens = PROMPT
@@ -66,16 +74,29 @@ def _masked(rec: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("granularity", "compact"), [(g, False) for g in hooks.GRANULARITIES] + [("graph", True)]
+    ("granularity", "compact", "probe"),
+    [(g, False, False) for g in hooks.GRANULARITIES]
+    + [("graph", True, False), ("graph", True, True)],
 )
 def test_repeats_are_the_records_drain_raw_gives(
     model: ctypes.c_void_p,  # noqa: F811
     granularity: str,
     compact: bool,
+    probe: bool,
 ) -> None:
     ref = _run(model, granularity, repeat=False)
-    got = _run(model, granularity, repeat=True, compact=compact)
+    got = _run(model, granularity, repeat=True, compact=compact, probe=probe)
     hook = got.pop()[3]
+    if compact:
+        # with the probe, the decode graphs llama.cpp reused are told by address
+        # alone (the first decode graph is built, the later ones reused); without
+        # it, by key
+        told = sum(len(raw) for *_, raw in got if isinstance(raw, hooks.GraphRecords))
+        recorded = sum(len(raw) for *_, raw in got if isinstance(raw, np.ndarray))
+        stats = hook.compact_stats()
+        assert told > 0 and stats["recorded"] == recorded
+        assert stats["by_address" if probe else "by_key"] == told
+        assert stats["by_key" if probe else "by_address"] == 0
     ref.pop()
     kinds = [type(raw) for *_, raw in got]
     # the prompt's graph and the first decode graph are drained in full (the latter
@@ -159,3 +180,23 @@ def test_the_planner_wakeup_keeps_one_pending_set() -> None:
     w.set()
     assert woke.wait(5.0)
     t.join(5.0)
+
+
+def test_a_rebuilt_graph_is_told_by_key_even_with_the_probe(
+    model: ctypes.c_void_p,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """llama.cpp rebuilds every graph (``LLAMA_GRAPH_REUSE_DISABLE``, read when the
+    context is made), in the same buffer: the reuse count does not move, so no node is
+    taken by its address; the repeats are told by key and are still exact."""
+    monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "1")
+    ref = _run(model, "graph", repeat=False)
+    got = _run(model, "graph", repeat=True, compact=True, probe=True)
+    hook = got.pop()[3]
+    ref.pop()
+    told = sum(len(raw) for *_, raw in got if isinstance(raw, hooks.GraphRecords))
+    stats = hook.compact_stats()
+    assert told > 0 and stats["by_key"] == told and stats["by_address"] == 0
+    for (*_, raw), (*_, want) in zip(got, ref, strict=True):
+        assert np.array_equal(_masked(hooks.as_records(raw)), _masked(want))
+    hook.close()

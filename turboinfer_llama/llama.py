@@ -118,6 +118,9 @@ class Llama(llama_cpp.Llama):
                 live.close()
             raise
         self.power = PowerSession(settings, hook, live)
+        set_reuse_probe = getattr(hook, "set_reuse_probe", None)
+        if set_reuse_probe is not None:  # a reused decode graph: read no tensor
+            set_reuse_probe(self._ctx.ctx)
         # The ExitStack unwinds in reverse: this runs before the context is freed.
         self._stack.callback(self.power.detach)
         if live is not None:

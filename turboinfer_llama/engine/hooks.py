@@ -183,6 +183,8 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_hook_disable", None, [vp]),
             ("ti_hook_set_self_timing", None, [vp, ctypes.c_bool]),
             ("ti_hook_set_compact", ctypes.c_int, [vp, ctypes.c_bool]),
+            ("ti_hook_set_reuse_probe", ctypes.c_int64, [vp, vp, vp]),
+            ("ti_hook_compact_stats", None, [vp, vp]),
             ("ti_hook_end_graph", ctypes.c_int64, [vp, ctypes.c_uint64, vp, ctypes.c_uint32, vp]),
             ("ti_hook_flush", None, [vp]),
             ("ti_hook_copy_template", ctypes.c_int64, [vp, vp, ctypes.c_uint32, vp]),
@@ -486,6 +488,45 @@ class NativeHook:
                 raise HookError(f"ti_hook_set_compact failed: {os.strerror(-rc)}")
             self._compact = bool(on)
             self._tpl_gen = -1
+
+    def set_reuse_probe(self, llama_ctx: int | None) -> bool:
+        """Compact mode with llama.cpp's graph reuse (``ti_hook_set_reuse_probe``):
+        ``llama_ctx`` is the context whose decodes this callback sees (None clears
+        it). A graph llama.cpp reuses is then told a repeat by its nodes' addresses
+        alone, without reading them. Checked against llama-cpp-python's own
+        ``llama_perf_context`` (the reuse count must read the same); False, and no
+        probe, where it does not. Between decodes; the context must outlive it."""
+        import llama_cpp
+
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            lib = self._lib
+            if not llama_ctx:
+                lib.ti_hook_set_reuse_probe(self._handle, None, None)
+                return False
+            try:
+                fn = ctypes.cast(llama_cpp.llama_cpp._lib.llama_perf_context, ctypes.c_void_p)
+                want = int(llama_cpp.llama_perf_context(llama_ctx).n_reused)
+            except (AttributeError, OSError) as e:
+                logger.info("graph reuse probe unavailable: %s", e)
+                return False
+            got = int(lib.ti_hook_set_reuse_probe(self._handle, fn.value, llama_ctx))
+            if got != want:
+                lib.ti_hook_set_reuse_probe(self._handle, None, None)
+                logger.info("graph reuse probe off: it read %d, llama.cpp says %d", got, want)
+                return False
+            return True
+
+    def compact_stats(self) -> dict[str, int]:
+        """Compact mode's asks so far: told a repeat by address (a graph llama.cpp
+        reused), by key, and recorded. Between decodes."""
+        out = (ctypes.c_uint64 * 3)()
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            self._lib.ti_hook_compact_stats(self._handle, out)
+        return {"by_address": out[0], "by_key": out[1], "recorded": out[2]}
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
