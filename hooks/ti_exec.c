@@ -143,6 +143,15 @@ struct ti_exec {
 	struct ti_timer timers[TI_TIMER_MAX];
 	uint32_t n_timers;
 	int64_t next_due_ns;
+	/*
+	 * The timer thread waits (inside pthread_cond_[timed]wait, mu released) until
+	 * wait_due_ns (TI_NO_DUE: until signalled). Both under mu. A change of timers
+	 * signals it only when a deadline came earlier than that (ti_wake_timer): a futex
+	 * wake of a sleeping thread costs the engine tens of microseconds on a VM.
+	 */
+	bool timer_waiting;
+	int64_t wait_due_ns;
+	uint64_t timer_wakes;
 	uint64_t timer_seq;
 	uint64_t applied, skipped, mismatches, late_plans, plans_set;
 	/*
@@ -439,6 +448,15 @@ static void ti_timers_recompute(struct ti_exec *ex)
 	ex->next_due_ns = next;
 }
 
+/* Caller holds mu: wakes the timer thread if it sleeps past the earliest deadline. */
+static void ti_wake_timer(struct ti_exec *ex)
+{
+	if (ex->timer_waiting && ex->next_due_ns < ex->wait_due_ns) {
+		ex->timer_wakes++;
+		pthread_cond_signal(&ex->wake);
+	}
+}
+
 static void ti_timer_add(struct ti_exec *ex, int64_t due_ns, int64_t expect_ns, int32_t level,
 			 uint64_t gen, bool graph_bound)
 {
@@ -556,7 +574,7 @@ static void ti_mismatch(struct ti_exec *ex)
 			ti_timer_add(ex, ex->t0_ns + sw->expect_ns, sw->expect_ns, sw->level,
 				     s->gen, true);
 	}
-	pthread_cond_signal(&ex->wake);
+	ti_wake_timer(ex);
 }
 
 /* Makes slot idx the active plan for the running graph. */
@@ -617,7 +635,7 @@ static void ti_run_plan(struct ti_exec *ex, int idx, int64_t t_ns)
 	ti_arm_offsets(ex, &ex->slots[idx], t_ns, false, &first);
 	ex->planned_level = p->first_level;
 	ti_apply(ex, p->first_level, TI_SRC_FIRST, -1);
-	pthread_cond_signal(&ex->wake);
+	ti_wake_timer(ex);
 }
 
 /* The first ask of a graph. */
@@ -806,6 +824,8 @@ static void *ti_timer_main(void *arg)
 			break;
 		if (ex->next_due_ns <= ti_clock_ns())
 			continue;
+		ex->timer_waiting = true;
+		ex->wait_due_ns = ex->next_due_ns;
 		if (ex->next_due_ns == TI_NO_DUE) {
 			pthread_cond_wait(&ex->wake, &ex->mu);
 		} else {
@@ -813,6 +833,7 @@ static void *ti_timer_main(void *arg)
 			ts.tv_nsec = (long)(ex->next_due_ns % 1000000000);
 			pthread_cond_timedwait(&ex->wake, &ex->mu, &ts); /* 0 or ETIMEDOUT */
 		}
+		ex->timer_waiting = false;
 		ti_run_deferred(ex);
 	}
 	ti_unlock(ex);
@@ -1165,7 +1186,7 @@ TI_API int ti_exec_set_plan_at(struct ti_exec *ex, const struct ti_plan *plan, i
 			ti_arm_time(ex, idx, shift_ns);
 	}
 	ti_fire_due(ex, now_ns);
-	pthread_cond_signal(&ex->wake);
+	ti_wake_timer(ex);
 	ti_unlock(ex);
 	return 0;
 }
@@ -1248,6 +1269,7 @@ TI_API void ti_exec_graph_end_at(struct ti_exec *ex, int64_t *t_ns)
 	}
 	ex->awaiting_first = true;
 	ti_fire_due(ex, now_ns);
+	ti_wake_timer(ex); /* a stall raise armed just now may be due before its wait */
 	ti_unlock(ex);
 }
 
@@ -1303,6 +1325,7 @@ TI_API void ti_exec_status(struct ti_exec *ex, struct ti_exec_status *out)
 		.cur_level = ex->cur_level,
 		.stopped = ex->stopped ? 1 : 0,
 		.timer_rt = ex->timer_rt ? 1 : 0,
+		.timer_wakes = ex->timer_wakes,
 	};
 	ti_unlock(ex);
 }
@@ -1446,6 +1469,7 @@ static const struct ti_abi_field ti_abi_fields[] = {
 	TI_F(ti_exec_status, defer_overflow), TI_F(ti_exec_status, plans_set),
 	TI_F(ti_exec_status, failed_errno), TI_F(ti_exec_status, cur_level),
 	TI_F(ti_exec_status, stopped), TI_F(ti_exec_status, timer_rt),
+	TI_F(ti_exec_status, timer_wakes),
 };
 
 TI_API int64_t ti_exec_struct_size(const char *name)

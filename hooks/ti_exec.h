@@ -121,6 +121,7 @@ struct ti_exec_status {
 	int32_t cur_level;       /* level in effect, -1 unknown */
 	int32_t stopped;
 	int32_t timer_rt;        /* 1: the timer thread runs SCHED_FIFO; 0: normal priority */
+	uint64_t timer_wakes;    /* signals to the sleeping timer thread: a deadline came earlier */
 };
 
 struct ti_exec;

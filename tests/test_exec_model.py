@@ -172,6 +172,9 @@ def test_node_keyed_plan_fires_at_its_ordinals() -> None:
     log, _model, status = compare(steps)
     assert sources(log) == [(1, "first", -1), (4, "node", 3), (2, "node", 6), (0, "end", -1)]
     assert status["skipped"] == 1 and status["mismatches"] == 0
+    # no timer armed: the sleeping timer thread is never signalled (a futex wake on the
+    # engine's path)
+    assert status["timer_wakes"] == 0
 
 
 def test_offset_keyed_plan_runs_open_loop_on_the_timer() -> None:
@@ -188,8 +191,10 @@ def test_offset_keyed_plan_runs_open_loop_on_the_timer() -> None:
         Step("sleep", 150),
         Step("end"),
     ]
-    log, _, _ = compare(steps)
+    log, _, status = compare(steps)
     assert sources(log) == [(4, "first", -1), (2, "timer", -1), (0, "timer", -1), (1, "end", -1)]
+    # the graph's first ask armed a deadline before the thread's (none): one signal
+    assert status["timer_wakes"] == 1
     first, t1, t2 = log[0].t_ns, log[1].t_ns, log[2].t_ns
     assert first < t1 < t2 and t1 - first >= 40 * MS and t2 - first >= 90 * MS
 

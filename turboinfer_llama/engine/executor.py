@@ -102,6 +102,7 @@ class _Status(ctypes.Structure):
         ("cur_level", ctypes.c_int32),
         ("stopped", ctypes.c_int32),
         ("timer_rt", ctypes.c_int32),
+        ("timer_wakes", ctypes.c_uint64),
     ]
 
 
@@ -480,7 +481,9 @@ class NativeExecutor:
         """Counters: applied, skipped, mismatches, late_plans, log_overflow, deferred
         (callback events handed to the lock holder), defer_overflow, plans_set,
         failed_errno (0 = ok), cur_level, stopped, timer_rt (1: the timer thread got
-        SCHED_FIFO; 0: it runs at normal priority, and wakes late on a busy host)."""
+        SCHED_FIFO; 0: it runs at normal priority, and wakes late on a busy host),
+        timer_wakes (signals to the sleeping timer thread: only when a deadline came
+        earlier than the one it sleeps to)."""
         st = _Status()
         with self._lock:
             self._lib.ti_exec_status(self._h(), ctypes.byref(st))
