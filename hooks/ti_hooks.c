@@ -189,33 +189,50 @@ static void ti_build(const struct ti_hook *h, struct ti_record *r, const void *t
 		ti_fill_shape(r, tensor, &h->layout);
 }
 
-/* Copies r into the next slot, or counts it as overflow when the ring is full. */
-static void ti_push_record(struct ti_hook *h, const struct ti_record *r)
+/*
+ * The next free slot (its index in *head), or NULL when the ring is full, counted as
+ * overflow. ti_commit publishes it once filled.
+ */
+static struct ti_record *ti_slot(struct ti_hook *h, uint64_t *head)
 {
-	uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
 	uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
 
-	if (head - tail >= h->capacity) {
+	*head = atomic_load_explicit(&h->head, memory_order_relaxed);
+	if (*head - tail >= h->capacity) {
 		atomic_fetch_add_explicit(&h->overflow, 1, memory_order_relaxed);
-		return;
+		return NULL;
 	}
-	h->ring[head % h->capacity] = *r;
+	return &h->ring[*head % h->capacity];
+}
+
+static void ti_commit(struct ti_hook *h, uint64_t head)
+{
 	atomic_store_explicit(&h->head, head + 1, memory_order_release);
 }
 
+/* Copies r into the next slot. */
+static void ti_push_record(struct ti_hook *h, const struct ti_record *r)
+{
+	uint64_t head;
+	struct ti_record *slot = ti_slot(h, &head);
+
+	if (slot == NULL)
+		return;
+	*slot = *r;
+	ti_commit(h, head);
+}
+
+/* Builds the record in place: the slot is the only copy. */
 static void ti_push(struct ti_hook *h, const void *tensor, const char *name, int32_t node,
 		    enum ti_phase phase, int64_t t_ns)
 {
-	uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
-	uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+	uint64_t head;
+	struct ti_record *slot = ti_slot(h, &head);
 
-	if (head - tail >= h->capacity) {
-		atomic_fetch_add_explicit(&h->overflow, 1, memory_order_relaxed);
+	if (slot == NULL)
 		return;
-	}
-	/* built in place: the slot is the only copy */
-	ti_build(h, &h->ring[head % h->capacity], tensor, name, node, phase, t_ns);
-	atomic_store_explicit(&h->head, head + 1, memory_order_release);
+	ti_build(h, slot, tensor, name, node, phase, t_ns);
+	ti_commit(h, head);
 }
 
 /* One step of a key's lane: a bijection of the lane for a fixed word, and of the word

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -90,18 +91,23 @@ def test_close_is_idempotent(native: bool) -> None:
         hook.begin_graph()
 
 
+def _ggml_context(n_tensors: int) -> tuple[Any, int]:
+    """libggml-base and a no-alloc context with room for ``n_tensors`` tensors."""
+    lib = ggml_mirror.load_ggml().lib
+    params = ggml_mirror._InitParams(
+        mem_size=n_tensors * lib.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True
+    )
+    ctx = lib.ggml_init(params)
+    assert ctx
+    return lib, ctx
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_records_from_real_ggml_tensors(native: bool) -> None:
     """Drive the callback by hand with tensors built in libggml-base."""
     if native and not hooks.NATIVE_AVAILABLE:
         pytest.skip("native hooks not built")
-    api = ggml_mirror.load_ggml()
-    lib = api.lib
-    params = ggml_mirror._InitParams(
-        mem_size=8 * lib.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True
-    )
-    ctx = lib.ggml_init(params)
-    assert ctx
+    lib, ctx = _ggml_context(8)
     hook = hooks.make_hook("layer", 16, native=native)
     try:
         a = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 3, 1, 1)
@@ -158,12 +164,7 @@ def test_missing_native_library_falls_back_and_says_so_once() -> None:
 def test_the_native_callback_times_itself_only_while_asked() -> None:
     if not hooks.NATIVE_AVAILABLE:
         pytest.skip("native hooks not built")
-    api = ggml_mirror.load_ggml()
-    lib = api.lib
-    params = ggml_mirror._InitParams(
-        mem_size=4 * lib.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True
-    )
-    ctx = lib.ggml_init(params)
+    lib, ctx = _ggml_context(4)
     hook = hooks.make_hook("graph", 64, native=True)
     assert isinstance(hook, hooks.NativeHook)
     try:
