@@ -30,6 +30,8 @@ def test_engine_thread_bench_splits_each_requests_calls_by_stage(tiny_gguf, tmp_
         assert {"inside_decode_vs_plain_us", "between_decodes_vs_plain_us"} <= set(per_token[side])
         # our callback timed itself in C: a share of the time inside llama_decode
         assert 0 < per_token[side]["eval_callback_us"] < per_token[side]["inside_decode_us"]
+        # the later decode graphs llama.cpp reused were told by their nodes' addresses
+        assert per_token[side]["compact_asks"]["by_address"] > 0
     assert "eval_callback_us" not in per_token["plain"]
     rows = {r["call"]: r for r in doc["per_request"]["rows"]}
     # per 8-token request: one prompt graph (it yields the first token), then a decode
