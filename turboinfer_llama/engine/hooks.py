@@ -622,7 +622,8 @@ class NativeHook:
             if got > 0:
                 if self._gen.value != self._tpl_gen:
                     self._copy_template(handle)
-                assert self._tpl is not None and len(self._tpl) == got
+                if self._tpl is None or len(self._tpl) != got:  # cannot happen: one owner
+                    raise HookError("the hook's template does not match its repeat")
                 self._tns_pos = pos + got
                 t_ns = self._tns_slab[pos : pos + got]
                 t_ns.setflags(write=False)  # shared: the timeline and the planner
