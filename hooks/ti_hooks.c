@@ -19,7 +19,7 @@
 
 #define TI_LAYER_OUT_PREFIX "l_out-" /* llama.cpp's name for a layer's output node */
 #define TI_MAX_CAPACITY (1u << 22)   /* 4 Mi records, about 1 GB of ring */
-#define TI_TPL_MAX (1u << 15)        /* compact mode: nodes a template holds (7.9 MB) */
+#define TI_TPL_MAX (1u << 15)        /* compact mode: nodes a template holds (8.7 MB) */
 
 struct ti_hook {
 	/* Immutable after ti_hook_create; read by both sides without ordering. */
@@ -64,8 +64,9 @@ struct ti_hook {
 	 * decodes, ti_hook_begin_graph, ti_hook_end_graph, ti_hook_flush and
 	 * ti_hook_copy_template. Nothing here is touched by the ring's consumer otherwise.
 	 *
-	 * tpl[0..tpl_n): the last graph's records (the template), key[i] a hash of
-	 * tpl[i]'s bytes that a repeat must match (ti_record_key), t_rep[i] the ask time
+	 * tpl[0..tpl_n): the last graph's records (the template), key[i] a hash of what
+	 * tpl[i] holds but t_ns and graph, read from its tensor (ti_tensor_key), which a
+	 * repeat's node i must match, t_rep[i] the ask time
 	 * of node i in the current graph while it repeats the template. tpl_gen counts
 	 * template changes. cur_n: asks in the current graph. repeating: the current
 	 * graph's asks so far match the template and are held here, not in the ring.

@@ -114,16 +114,18 @@ TI_API uint32_t ti_hook_drain_like(struct ti_hook *h, const struct ti_record *tp
  * Compact repeats, at TI_GRAPH granularity: llama.cpp reuses a decode graph token
  * after token, so its ~600 records (240 bytes each) repeat but for t_ns and graph.
  * With compact on, the hook keeps the last graph's records (the template) and, while a
- * graph's asks match it node by node (ti_record_key, every byte but t_ns and graph),
- * keeps only their ask times; at the first difference the held asks go to the ring
- * as the records they would have been, and the rest of the graph is recorded as usual.
+ * graph's asks match it node by node (a 64-bit key per node of what its record holds
+ * but t_ns and graph, read from the tensor; or, with the reuse probe below, the
+ * node's address alone), keeps only their ask times; at the first difference the held
+ * asks go to the ring as the records they would have been, and the rest of the graph
+ * is recorded as usual.
  * The ring thus holds every record of every graph except those of whole repeats,
  * which ti_hook_end_graph hands over as times (8 bytes per record).
  *
  * All of these run on the producer side: the thread that calls llama_decode, between
  * its decodes (the callback itself runs inside them).
  *
- * ti_hook_set_compact: 0, -EINVAL (another granularity), -ENOMEM (the template, 256
+ * ti_hook_set_compact: 0, -EINVAL (another granularity), -ENOMEM (the template, 264
  * bytes per node for up to min(capacity, 32768) nodes). Off releases what is held.
  * ti_hook_end_graph: ends the current graph. If it repeated the whole template and is
  * graph `graph`, copies its n ask times to t_ns_out and returns n: record i is then
