@@ -171,20 +171,22 @@ static void ti_fill_shape(struct ti_record *r, const void *tensor, const struct 
 	}
 }
 
+/* op and nbytes: the node's ggml_op_desc and ggml_nbytes, read once by the caller. */
 static void ti_build(const struct ti_hook *h, struct ti_record *r, const void *tensor,
-		     const char *name, int32_t node, enum ti_phase phase, int64_t t_ns)
+		     const char *name, const char *op, size_t nbytes, int32_t node,
+		     enum ti_phase phase, int64_t t_ns)
 {
 	*r = (struct ti_record){
 		.t_ns = t_ns,
 		.graph = atomic_load_explicit(&h->graph, memory_order_relaxed),
-		.nbytes = h->api.nbytes(tensor),
+		.nbytes = nbytes,
 		.node = node,
 		.type = -1,
 		.src0_type = -1,
 		.src1_type = -1,
 		.phase = (uint8_t)phase,
 	};
-	ti_copy_str(r->op, h->api.op_desc(tensor), sizeof(r->op));
+	ti_copy_str(r->op, op, sizeof(r->op));
 	ti_copy_str(r->name, name, sizeof(r->name));
 	if (h->layout.valid)
 		ti_fill_shape(r, tensor, &h->layout);
@@ -232,7 +234,8 @@ static void ti_push(struct ti_hook *h, const void *tensor, const char *name, int
 
 	if (slot == NULL)
 		return;
-	ti_build(h, slot, tensor, name, node, phase, t_ns);
+	ti_build(h, slot, tensor, name, h->api.op_desc(tensor), h->api.nbytes(tensor), node,
+		 phase, t_ns);
 	ti_commit(h, head);
 }
 
@@ -260,12 +263,11 @@ static inline uint64_t ti_rotl(uint64_t x, unsigned k)
  * with the same text at two addresses only make a repeat look new (it is recorded).
  */
 static uint64_t ti_tensor_key(const struct ti_hook *h, const void *tensor, const char *name,
-			      int32_t node)
+			      const char *op, uint64_t nbytes, int32_t node)
 {
 	uint64_t a = 0x9e3779b97f4a7c15u, b = 0xc2b2ae3d27d4eb4fu;
 	uint64_t c = 0x165667b19e3779f9u, d = 0x27d4eb2f165667c5u;
-	uint64_t w = 0, nbytes = h->api.nbytes(tensor);
-	const char *op = h->api.op_desc(tensor);
+	uint64_t w = 0;
 	size_t i;
 
 	a = ti_mix(a, (uint64_t)(uintptr_t)op);
@@ -334,8 +336,8 @@ static void ti_compact_ask(struct ti_hook *h, const void *tensor, int32_t node, 
 {
 	uint32_t i = h->cur_n;
 	struct ti_record *r;
-	const char *name;
-	uint64_t k;
+	const char *name, *op;
+	uint64_t k, nbytes;
 
 	if (i == 0) {
 		h->first_ptr = tensor;
@@ -367,7 +369,9 @@ static void ti_compact_ask(struct ti_hook *h, const void *tensor, int32_t node, 
 		h->n_recorded++;
 		return;
 	}
-	k = ti_tensor_key(h, tensor, name, node);
+	op = h->api.op_desc(tensor);
+	nbytes = h->api.nbytes(tensor);
+	k = ti_tensor_key(h, tensor, name, op, nbytes, node);
 	if (h->repeating) {
 		if (i < h->tpl_n && h->key[i] == k) {
 			h->t_rep[i] = t_ns;
@@ -381,7 +385,7 @@ static void ti_compact_ask(struct ti_hook *h, const void *tensor, int32_t node, 
 		h->repeating = false;
 	}
 	r = &h->tpl[i];
-	ti_build(h, r, tensor, name, node, TI_ASK, t_ns);
+	ti_build(h, r, tensor, name, op, nbytes, node, TI_ASK, t_ns);
 	h->key[i] = k;
 	h->tpl_ptr[i] = tensor;
 	ti_push_record(h, r);

@@ -129,7 +129,7 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
         }
         if self_ns[k][1]:
             fig["eval_callback_us"] = self_ns[k][0] / self_ns[k][1] / 1e3
-        if hooks[k] is not None and getattr(hooks[k], "_compact", False):
+        if hooks[k] is not None:
             # asks told a repeat by address (a graph llama.cpp reused), by key, recorded
             fig["compact_asks"] = hooks[k].compact_stats()
         if k != "plain" and "plain" in sides:
