@@ -197,11 +197,13 @@ class OndemandBound:
         snap: tuple[tuple[float, ...], ...],
         busy_ns: float,
         idle_ns: float,
+        busy_share: np.ndarray | float = 1.0,
     ) -> list[tuple[float, int]]:
         """The highest level any timeline can be at over a stretch of wholly busy GPU
-        time (a prompt) that follows ``busy_ns`` of work not yet accounted for (taken as
-        busy throughout: a busier window only ever picks a level at least as high) and
-        then ``idle_ns`` of GPU idle, from the timelines' state ``snap``
+        time (a prompt) that follows ``busy_ns`` of work not yet accounted for (busy
+        ``busy_share`` of it, per level or one for all -- by default throughout: a
+        busier window only ever picks a level at least as high) and then ``idle_ns``
+        of GPU idle, from the timelines' state ``snap``
         (:meth:`snapshot`): ``(offset ns from the stretch's start, level)`` at each
         change, the first at offset 0, up to the top level (a wholly busy window puts
         every timeline there by its second poll). The state is not changed."""
@@ -211,7 +213,7 @@ class OndemandBound:
             tl.t, tl.next_poll, tl.win_t0, tl.win_busy = st[0], st[1], st[2], st[3]
             tl.level, tl.drop_at, tl.drop_to = int(st[4]), st[5], int(st[6])
             if busy_ns > 0:
-                self._run(tl, float(busy_ns), 1.0, 0.0)
+                self._run(tl, float(busy_ns), busy_share, 0.0)
             if idle_ns > 0:
                 self._idle_one(tl, float(idle_ns))
             t0 = tl.t
