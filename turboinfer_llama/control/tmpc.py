@@ -191,6 +191,9 @@ ANCHOR_MARGIN = 0.02
 # the default's own were 0.60-0.66, and held 500 MHz, under the default's 350, for
 # 20-38 graphs (sim generic, gemma recording: -8.4% -> -6.1% saving at 2%)
 WHOLLY_MARGIN = 0.005
+# the idle level's raise may cost the next prompt at most this share of its TTFT slack
+# (see TubeMPC._idle_level)
+IDLE_RAISE_SHARE = 0.25
 WHOLLY_GROWTH = 0.001
 # the default's bound (``control.default_bound``) is built from the model; while the
 # model's plans miss by more than this share (the tube's upper quantile), the bound is
@@ -499,6 +502,11 @@ class TubeMPC:
         # decode over every request of the run (TPOT is a mean over the run)
         self._acc = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
         self._req_begins: list[int] = []  # REQUEST_BEGIN times (recent)
+        # recent requests' time from their begin to their prompt's first kernel, and
+        # that plus the prompt graph's reference (a TTFT reference), ns
+        self._leads: deque[int] = deque(maxlen=8)
+        self._ttft_refs: deque[float] = deque(maxlen=8)
+        self._lead_pending = False
         self._req_ends: list[int] = []  # REQUEST_END / IDLE times (recent)
         self._t_end_prev: int | None = None  # end of the last graph learnt from
         self._prev_phase = "decode"
@@ -543,6 +551,7 @@ class TubeMPC:
         # and the graph count then (see WHOLLY_MARGIN)
         self._busy_wholly: dict[int, tuple[float, float]] = {}
         self._ran_wholly_at: int | None = None  # the last measured graph's only level
+        self._ran_fastest_at: int | None = None  # and the highest level it ran at
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -666,9 +675,27 @@ class TubeMPC:
             # but for no budget: the raise at the next request's begin lands one switch
             # latency into its prompt (a generated tz profile with a 1.5 ms switch:
             # +0.37% TTFT at slack 0)
-            idle_lv = 0 if self.slack > 0 else self.top
+            idle_lv = self._idle_level() if self.slack > 0 else self.top
             return Plan(switches=(Switch(Anchor.TIME, ev.t_ns, idle_lv),))
         return None
+
+    def _idle_level(self) -> int:
+        """The level to idle at between requests: the lowest whose raise at the next
+        request's begin, landing a switch latency later, costs its prompt at most
+        ``IDLE_RAISE_SHARE`` of its TTFT slack -- the part of the latency after the
+        prompt's first kernel (the shortest lead seen) at that level, at the worst case
+        of clock scaling. The bottom where nothing is known yet, or the raise lands
+        before any prompt's first kernel (sim adreno640 at the sweep's 80 ms switch,
+        idling at the bottom: a prompt's first 77 ms ran at 215 MHz, +3.0% TTFT at 2%)."""
+        if not self._leads or not self._ttft_refs:
+            return 0
+        late_ns = self.switch_latency_ns - min(self._leads)
+        if late_ns <= 0:
+            return 0
+        room_ns = IDLE_RAISE_SHARE * self.slack * min(self._ttft_refs)
+        pace = np.asarray(self.levels_hz, dtype=np.float64) / float(self.levels_hz[-1])
+        ok = np.nonzero(late_ns * (1.0 - pace) <= room_ns)[0]
+        return int(ok[0]) if len(ok) else self.top
 
     def _last_begin(self) -> int:
         return self._req_begins[-1] if self._req_begins else -1
@@ -679,6 +706,8 @@ class TubeMPC:
         prev = self._t_end_prev
         begins = [t for t in self._req_begins if (prev is None or t > prev) and t <= b.t_begin_ns]
         if begins:  # a new request: the idle gap before it (not part of any budget)
+            self._leads.append(max(0, int(b.t_first_ns) - begins[-1]))
+            self._lead_pending = True
             idle_from = max((t for t in self._req_ends if prev is None or t >= prev), default=None)
             if idle_from is not None and idle_from <= begins[-1]:
                 self.forecast.observe(StallKind.IDLE, begins[-1] - idle_from)
@@ -846,6 +875,9 @@ class TubeMPC:
                     self._last_min_level = lowest_here
                 ref = self._bound_reference(phase, g, host, ref, lo_meas, busy_meas)
             if phase == "prefill":
+                if self._lead_pending:  # a request's first prompt graph: its TTFT reference
+                    self._ttft_refs.append(self._leads[-1] + self._last_ref_ns[phase])
+                    self._lead_pending = False
                 if self._followed_envelope(int(b.t_first_ns), int(b.t_end_ns)):
                     # the clock was at or above every timeline's level throughout:
                     # the default is no faster than this prompt
@@ -1039,6 +1071,8 @@ class TubeMPC:
         self._ran_wholly_at = (
             lv_hi if total > 0 and lv_lo == lv_hi and t_hi[lv_hi] >= total * (1 - 1e-9) else None
         )
+        ran = np.nonzero(t_hi > 0)[0]
+        self._ran_fastest_at = int(ran[-1]) if len(ran) else None
         return measured - t_lo @ self._speedup_share, t_hi @ self._slowdown_most
 
     def _bound_reference(
@@ -1080,6 +1114,16 @@ class TubeMPC:
             # only (host time is its own), bounds theirs
             kern = (lo_meas - host) * (1.0 - ANCHOR_MARGIN)
             anchor = self._anchor_ns
+            hi = self._ran_fastest_at
+            # (the measured time: this graph's own bound at the bottom level)
+            if anchor is not None and hi is not None and float(anchor[hi]) > lo_meas[0] - host:
+                # this graph's kernels took less than the anchor holds at the fastest
+                # clock they ran at: what slowed the earlier graphs has gone (another
+                # app's DRAM load), not the context. The anchor starts again from here.
+                # (Kept, it held the reference 18% over the default's for 16 graphs
+                # after the load went, and the plans spent it: sim generic, the sweep's
+                # changing background load, +4.1% TPOT at a 2% budget)
+                anchor = None
             self._anchor_ns = kern if anchor is None else np.maximum(anchor, kern)
             lo_meas = np.maximum(lo_meas, self._anchor_ns + host)
             lv = self._ran_wholly_at
