@@ -1565,7 +1565,9 @@ class TubeMPC:
         # put a timeline at the top 1.7 ms into the prompt: sim generic, tmpc's
         # prompts of 24 and 33 tokens ran at the top, 26-35 ms under the default's)
         share: np.ndarray | float = 1.0
-        if share_after is not None and not any(prev < t < t_ns for t in self._req_begins):
+        # (a copy in one C call: the planner trims the list while this thread reads it)
+        begins = tuple(self._req_begins)
+        if share_after is not None and not any(prev < t < t_ns for t in begins):
             share = share_after
         steps = bound.envelope(state, max(0, end - prev), max(0, t_ns - end), share)
         if steps[0][1] >= self.top:
