@@ -138,13 +138,13 @@ def test_measured_bounds_need_no_model():
     ctl = TubeMPC([100_000_000, 200_000_000, 400_000_000], switch_latency_ns=MS)
     starts = np.arange(10.0) * 1.2 * MS
     ends = starts + MS
-    lo, busy = ctl._measured_bounds(starts, ends, 12.0 * MS)
+    lo, busy = ctl._measured_bounds(starts, ends, 12.0 * MS)[:2]
     assert lo == pytest.approx([12 * MS] * 3)
     assert busy == pytest.approx([40 * MS, 20 * MS, 10 * MS])
     # a drop to 100 MHz called at 5 ms lands at 6 ms: the node time after it ran at
     # 100 MHz, and run at 400 MHz that much could take a quarter as long, at 200 MHz half
     ctl.on_applied([(5 * MS, 0)])
-    lo, busy = ctl._measured_bounds(starts, ends, 12.0 * MS)
+    lo, busy = ctl._measured_bounds(starts, ends, 12.0 * MS)[:2]
     after = float(np.clip(ends - np.maximum(starts, 6 * MS), 0, None).sum())
     assert lo == pytest.approx([12 * MS, 12 * MS - after * 0.5, 12 * MS - after * 0.75])
     # the kernel time at the highest clock a switch latency after the landing (6-7 ms:

@@ -195,13 +195,13 @@ def test_a_graph_run_wholly_at_one_level_bounds_the_requests_later_busy_time_the
         wholly: list[tuple[int, int, int, float]] = []
         now: dict = {"request": 0}
 
-        def spy_reference(self, phase, g, host, ref, lo_meas, busy_meas):
+        def spy_reference(self, phase, g, host, ref, meas):
             now["rec"] = dict(self._busy_wholly) if phase == "decode" else {}
             now["request"] += phase == "prefill"
-            out = reference(self, phase, g, host, ref, lo_meas, busy_meas)
-            lv = self._ran_wholly_at
+            out = reference(self, phase, g, host, ref, meas)
+            lv = meas.wholly_at
             if phase == "decode" and lv is not None:
-                wholly.append((now["request"], self.graphs, lv, float(busy_meas[lv])))
+                wholly.append((now["request"], self.graphs, lv, float(meas.busy_ns[lv])))
             return out
 
         def spy_graph(self, dur, share, lo, **kw):

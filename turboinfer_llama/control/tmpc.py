@@ -191,10 +191,10 @@ ANCHOR_MARGIN = 0.02
 # the default's own were 0.60-0.66, and held 500 MHz, under the default's 350, for
 # 20-38 graphs (sim generic, gemma recording: -8.4% -> -6.1% saving at 2%)
 WHOLLY_MARGIN = 0.005
+WHOLLY_GROWTH = 0.001
 # the idle level's raise may cost the next prompt at most this share of its TTFT slack
 # (see TubeMPC._idle_level)
 IDLE_RAISE_SHARE = 0.25
-WHOLLY_GROWTH = 0.001
 # the default's bound (``control.default_bound``) is built from the model; while the
 # model's plans miss by more than this share (the tube's upper quantile), the bound is
 # not trusted: decode is held to the top level's reference (probes resume) until they
@@ -345,6 +345,15 @@ class _Probe(NamedTuple):
     host_ns: float
     work: tuple[np.ndarray, np.ndarray, np.ndarray]
     theta: tuple[float, float]  # the compute and memory efficiencies it was sorted at
+
+
+class _MeasuredBounds(NamedTuple):
+    """A graph's bounds from its measured time alone (``TubeMPC._measured_bounds``)."""
+
+    lo_ns: np.ndarray  # per level: its time were it run wholly there, at least
+    busy_ns: np.ndarray  # per level: its kernel time were it run wholly there, at most
+    wholly_at: int | None  # the one level it ran at throughout, or None
+    fastest_at: int | None  # the highest level it may have run at
 
 
 class _Planned(NamedTuple):
@@ -550,8 +559,6 @@ class TubeMPC:
         # per level: the busy ns of this request's last decode graph run wholly there,
         # and the graph count then (see WHOLLY_MARGIN)
         self._busy_wholly: dict[int, tuple[float, float]] = {}
-        self._ran_wholly_at: int | None = None  # the last measured graph's only level
-        self._ran_fastest_at: int | None = None  # and the highest level it ran at
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -693,8 +700,7 @@ class TubeMPC:
         if late_ns <= 0:
             return 0
         room_ns = IDLE_RAISE_SHARE * self.slack * min(self._ttft_refs)
-        pace = np.asarray(self.levels_hz, dtype=np.float64) / float(self.levels_hz[-1])
-        ok = np.nonzero(late_ns * (1.0 - pace) <= room_ns)[0]
+        ok = np.nonzero(late_ns * (1.0 - 1.0 / (1.0 + self._clock_slowdown)) <= room_ns)[0]
         return int(ok[0]) if len(ok) else self.top
 
     def _last_begin(self) -> int:
@@ -870,10 +876,10 @@ class TubeMPC:
             )
             self._last_ref_ns[phase] = ref
             if self._default_bound is not None:
-                lo_meas, busy_meas = self._measured_bounds(starts, ends, measured)
+                meas = self._measured_bounds(starts, ends, measured)
                 if phase == "decode":
                     self._last_min_level = lowest_here
-                ref = self._bound_reference(phase, g, host, ref, lo_meas, busy_meas)
+                ref = self._bound_reference(phase, g, host, ref, meas)
             if phase == "prefill":
                 if self._lead_pending:  # a request's first prompt graph: its TTFT reference
                     self._ttft_refs.append(self._leads[-1] + self._last_ref_ns[phase])
@@ -1036,7 +1042,7 @@ class TubeMPC:
 
     def _measured_bounds(
         self, starts: np.ndarray, ends: np.ndarray, measured: float
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> _MeasuredBounds:
         """Bounds of this graph were it run wholly at each level, from its measured time
         alone (no model): below, its time: ``measured - sum over the time t it ran at
         a level l below L of t * (1 - 1 / s(l, L))``, ``s`` the most a kernel can speed
@@ -1046,8 +1052,8 @@ class TubeMPC:
         l above L it ran at, plus the time it ran at or below L. Each clock is taken at
         its lowest (for the time) or highest (for the kernel time) over a switch
         latency after each switch's landing: an applied switch may land up to a switch
-        latency after it was due (a queued vote). Notes the level the graph ran at
-        throughout by both (``_ran_wholly_at``), or None."""
+        latency after it was due (a queued vote). Also the level the graph ran at
+        throughout by both, if one, and the highest it may have run at."""
         t0, t1 = float(starts.min()), float(ends.max())
         lat = float(self.switch_latency_ns)
         h = np.asarray(self._hist_t, dtype=np.float64)
@@ -1066,14 +1072,15 @@ class TubeMPC:
         n = self.n_levels
         t_lo = np.bincount(np.minimum(now, before), weights=per_iv, minlength=n)
         t_hi = np.bincount(np.maximum(now, before), weights=per_iv, minlength=n)
-        total = float(per_iv.sum())
-        lv_lo, lv_hi = int(np.argmax(t_lo)), int(np.argmax(t_hi))
-        self._ran_wholly_at = (
-            lv_hi if total > 0 and lv_lo == lv_hi and t_hi[lv_hi] >= total * (1 - 1e-9) else None
+        # (wholly: every clock interval at that level by its highest reading, and most of
+        # them by its lowest)
+        ran_hi = np.nonzero(t_hi)[0]
+        return _MeasuredBounds(
+            measured - t_lo @ self._speedup_share,
+            t_hi @ self._slowdown_most,
+            int(ran_hi[0]) if len(ran_hi) == 1 and np.argmax(t_lo) == ran_hi[0] else None,
+            int(ran_hi[-1]) if len(ran_hi) else None,
         )
-        ran = np.nonzero(t_hi > 0)[0]
-        self._ran_fastest_at = int(ran[-1]) if len(ran) else None
-        return measured - t_lo @ self._speedup_share, t_hi @ self._slowdown_most
 
     def _bound_reference(
         self,
@@ -1081,8 +1088,7 @@ class TubeMPC:
         g: PhaseTemplate,
         host: float,
         ref: float,
-        lo_meas: np.ndarray,
-        busy_meas: np.ndarray,
+        meas: _MeasuredBounds,
     ) -> float:
         """The reference of a graph where the default's time has a lower bound
         (``control.default_bound``): the larger of the top level's time (``ref``) and
@@ -1093,10 +1099,11 @@ class TubeMPC:
         model's busy time -- its slowdown scaled by the learnt gain where over 1, below
         the lowest level the phase has run at that level's times the most a lower clock
         can slow a kernel, widened by the tube ``r`` -- and the measured bound,
-        ``busy_meas``); for the time the lower one (the greater of the model's time at
+        ``meas.busy_ns``); for the time the lower one (the greater of the model's time at
         the level, or at the lowest level the phase has run at where that is higher, its
         slowdown scaled by the gain where under 1, less the tube, and the measured
-        bound, ``lo_meas``). A prompt graph puts the bound at the top."""
+        bound, ``meas.lo_ns``). A prompt graph puts the bound at the top."""
+        lo_meas, busy_meas = meas.lo_ns, meas.busy_ns
         bound = self._default_bound
         assert bound is not None
         r = self.rel_err.estimate().upper_ns
@@ -1114,7 +1121,7 @@ class TubeMPC:
             # only (host time is its own), bounds theirs
             kern = (lo_meas - host) * (1.0 - ANCHOR_MARGIN)
             anchor = self._anchor_ns
-            hi = self._ran_fastest_at
+            hi = meas.fastest_at
             # (the measured time: this graph's own bound at the bottom level)
             if anchor is not None and hi is not None and float(anchor[hi]) > lo_meas[0] - host:
                 # this graph's kernels took less than the anchor holds at the fastest
@@ -1126,7 +1133,7 @@ class TubeMPC:
                 anchor = None
             self._anchor_ns = kern if anchor is None else np.maximum(anchor, kern)
             lo_meas = np.maximum(lo_meas, self._anchor_ns + host)
-            lv = self._ran_wholly_at
+            lv = meas.wholly_at
             if lv is not None:
                 self._busy_wholly[lv] = (float(busy_meas[lv]), float(self.graphs))
         seen = self._seen_for(phase)
