@@ -30,7 +30,8 @@ choice taken towards a *faster* default (a higher level, hence less time):
 * ``envelope``: the highest level any timeline can reach over a wholly busy stretch
   (a prompt) from a snapshot of their state, for a prompt to follow: the clock at or
   above it throughout, the prompt is no slower than the default's;
-* a raise lands at its poll, a drop one switch latency later;
+* a raise lands at its poll, a drop one switch latency later (one already on its way
+  when the next poll asks again lands when it is due);
 * a graph's time at a level is the caller's lower estimate (tmpc: the greatest of the
   model's less the tube, the graph's measured time less what running its lower-clock
   parts faster could save, and the same of the request's earlier graphs -- a longer
@@ -120,8 +121,13 @@ class OndemandBound:
         if new >= tl.level:  # a raise (or none) lands at once; it cancels a pending drop
             tl.level = new
             tl.drop_at = np.inf
-        else:
+        elif tl.drop_at == np.inf:
             tl.drop_at, tl.drop_to = tl.t + self.switch_ns, new
+        else:
+            # a drop on its way (a switch slower than the poll) lands when it is due, at
+            # the higher of the two: each poll re-timing it kept it from ever landing,
+            # and at an 80 ms switch the bound held the default at the top throughout
+            tl.drop_to = max(tl.drop_to, new)
         tl.win_t0, tl.win_busy = tl.t, 0.0
         tl.next_poll += self.poll_ns
 

@@ -171,6 +171,13 @@ PROBE_SHIFT = 0.03
 PROBE_RESORT = 0.02
 # no probe while the default's bound exceeds the top level's reference by this share
 PROBE_SKIP_MARGIN = 0.02
+# slow actuation: a switch takes at least this many decode steps (graph + stall) to
+# land. No plan can place a level inside a graph or a stall there; the decode runs at
+# one level, chosen online, and is raised ahead of the request's forecast end
+# (``_slow_plan``)
+SLOW_SWITCH_STEPS = 1.0
+# requests whose decode lengths (graphs) forecast the next one's end: the least of them
+REQ_LENGTHS_KEPT = 4
 # bounds of the learnt ratio of measured to planned slowdown
 SLOWDOWN_GAIN_MIN, SLOWDOWN_GAIN_MAX = 0.5, 4.0
 # a plan teaches the gain when it planned at least this slowdown (share of the top)
@@ -517,6 +524,11 @@ class TubeMPC:
         self._ttft_refs: deque[float] = deque(maxlen=8)
         self._lead_pending = False
         self._req_ends: list[int] = []  # REQUEST_END / IDLE times (recent)
+        # decode graphs of recent requests, and of this one so far (``_slow_plan``)
+        self._req_lengths: deque[int] = deque(maxlen=REQ_LENGTHS_KEPT)
+        self._req_decode_n = 0
+        # the level the last slow-actuation plan set (None: the request's own, the top)
+        self._slow_lv: int | None = None
         self._t_end_prev: int | None = None  # end of the last graph learnt from
         self._prev_phase = "decode"
         # a lower bound of the default governor's time, where its rule is deterministic
@@ -664,6 +676,7 @@ class TubeMPC:
             return None
         if k is EventKind.REQUEST_BEGIN:
             self._req_begins.append(ev.t_ns)
+            self._slow_lv = None
             self._prompt_first_chunk = True
             self._prompt_env = self._prompt_envelope(ev.t_ns)
             if self._prompt_env is not None:
@@ -717,6 +730,9 @@ class TubeMPC:
             idle_from = max((t for t in self._req_ends if prev is None or t >= prev), default=None)
             if idle_from is not None and idle_from <= begins[-1]:
                 self.forecast.observe(StallKind.IDLE, begins[-1] - idle_from)
+            if self._req_decode_n:
+                self._req_lengths.append(self._req_decode_n)
+            self._req_decode_n = 0
             self._reset_request()
         elif prev is not None:
             dur = b.t_begin_ns - prev
@@ -804,6 +820,8 @@ class TubeMPC:
         self.granularity = b.granularity
         phase = b.phase
         self._stalls_before(b)
+        if phase == "decode":
+            self._req_decode_n += 1
         self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns, phase)
         measured = float(b.compute_ns)
         if self._default_bound is not None and self._t_end_prev is not None:
@@ -1793,6 +1811,70 @@ class TubeMPC:
                 sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
         return sw, predicted
 
+    def _slow_actuation(self, tpl: PhaseTemplate, d_med: float) -> bool:
+        """Whether a switch takes ``SLOW_SWITCH_STEPS`` decode steps or more to land
+        (the template's graph at the top level and the forecast stall ``d_med``)."""
+        step = float(tpl.graph_ns[self.top]) + d_med
+        return self.switch_latency_ns >= SLOW_SWITCH_STEPS * step
+
+    def _slow_plan(
+        self,
+        t_now: int,
+        energy_j: np.ndarray,
+        time_ns: np.ndarray,
+        ref_1: float,
+        d_base: float,
+        debt: float,
+        ref_elapsed: float,
+        r: float,
+    ) -> Plan:
+        """The decode's one level where a switch lands decode steps late (sim
+        profiles at an 80 ms switch): no plan can place a level inside a graph or a
+        stall, so the decode runs flat, as the phase split does, at the cheapest level
+        (``energy_j``, ``time_ns``: one graph's, per level, the stall's energy and
+        the learnt gain in) whose time keeps the budget from where the switch lands:
+        the debt by then (the steps until it lands at the level set before, tube in),
+        then the horizon's graphs (at least as many) each within an equal share of the
+        slack left. The phase split picks its level in hindsight; this one follows the
+        debt, a level up or down as it lands.
+
+        A request's end: its raise, issued at REQUEST_END, lands a switch latency
+        later, in the next prompt (sim adreno640 at 80 ms: its short prompts ran
+        their first 77 ms at the decode's level, +2.5% TTFT at a 2% budget). So the
+        top level is set once the request's forecast end (the least decode length of
+        the last ``REQ_LENGTHS_KEPT`` requests) is within the steps a switch takes to
+        land, plus one; with no forecast yet (the first request) the level is no
+        lower than one whose late raise the next prompt can afford
+        (:meth:`_idle_level`). A request that ends before its forecast has its next
+        prompt start at the decode's level, and the forecast then holds its length."""
+        step = ref_1 + d_base if d_base > 0 else ref_1 + self._stall_ns()[0]
+        n_land = max(1, math.ceil(self.switch_latency_ns / max(step, 1.0)))
+        cur = self.top if self._slow_lv is None else self._slow_lv
+        debt_land = debt + n_land * (1.0 + r) * (float(time_ns[cur]) - ref_1)
+        horizon = max(self.n_compute, n_land)
+        room = self.slack * (ref_elapsed + (n_land + horizon) * (ref_1 + d_base)) - debt_land
+        ok = (1.0 + r) * (time_ns - ref_1) <= room / horizon
+        ok[self.top] = True
+        lv = int(np.where(ok, energy_j, np.inf).argmin())
+        # the level the next prompt may start at: the top, or where the default's
+        # bound is in use, its level (the default's next prompt starts no higher, and
+        # the prompt's envelope rises from there no sooner than this raise lands)
+        bound_lv = self._bound_level()
+        end_lv = self.top if bound_lv is None else bound_lv
+        if self._req_lengths:
+            left = min(self._req_lengths) - self._req_decode_n
+            if left <= n_land + 1:
+                lv = max(lv, end_lv)
+        else:
+            lv = max(lv, min(self._idle_level(), end_lv))
+        self._slow_lv = lv
+        return Plan(
+            first_level=lv,
+            end_level=-1,
+            fallback_level=lv,
+            switches=(Switch(Anchor.TIME, t_now, lv),),
+        )
+
     def _plan_next(self, t_now: int, graph: int = -1, ahead: int = 1) -> Plan:
         """The plan for the graph ``ahead`` after ``graph`` (whose end, the start of
         the sampling stall, is ``t_now``). With ``ahead`` > 1 the graphs in between are
@@ -1818,8 +1900,13 @@ class TubeMPC:
             # is wrong by a little on many blocks (+0.3% TPOT on a generated adreno640
             # profile with a 50 us switch, +0.6% planning two graphs ahead)
             return self._top_plan(t_now)
-        env = None if tpl is None or self.probe_due("decode") else self._envelope_probe()
-        if tpl is None or self.probe_due("decode") or env is not None:
+        slow = tpl is not None and self._slow_actuation(tpl, d_med)
+        # where a switch lands steps late only a changed condition's probes run (a
+        # planned one's raise lands graphs after it, and the drop back as late): the
+        # graphs each request runs at the top level after its prompt are probes
+        probe = self.probe_due("decode") and (not slow or self._probe_burst.get("decode", 0) > 0)
+        env = None if tpl is None or probe or slow else self._envelope_probe()
+        if tpl is None or probe or env is not None:
             # nothing to predict from yet, or the reference's top-level probe is due:
             # the graph at the top level; or a probe of the default's bound level. Set
             # as the stall before it begins (a probe must run wholly at its level: a
@@ -1886,6 +1973,8 @@ class TubeMPC:
         # can end after any graph, so later graphs must not lend it theirs
         allowed_1 = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
         budget_1 = d_ref / nc + (allowed_1 - stall_tube / nc) / (1.0 + r)
+        if slow:
+            return self._slow_plan(t_now, energy_1, time_ns[0], ref_1, d_base, debt, ref_elapsed, r)
         penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
         penalty = penalty + self._order_pref
         sol = solve_horizon(energy, time_ns, budget, penalty, self.combos, budget_1)
