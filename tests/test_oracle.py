@@ -207,3 +207,70 @@ def test_dual_bound_brackets_the_true_optimum():
         assert bound.dual_j <= best + 1e-9
         assert best <= energy(seg) + 1e-9
         assert bound.model_energy_j == pytest.approx(energy(seg))
+
+
+@pytest.mark.parametrize("profile", ["adreno640", "mali-g76"])
+def test_at_a_switch_slower_than_a_step_the_oracle_keeps_the_budget_and_beats_the_phase_split(
+    raw_gemma, profile
+):
+    """At an 80 ms switch each switch is issued 80 ms ahead of its segment, timed on the
+    steps before it: segments a dwell long (0.5-1 ms) switched inside every stall, and
+    the drift of those steps from the model put the accounted TPOT 5% over the
+    modelled one at every refinement (the sweep: the oracle fell back to the top
+    level on sim adreno640, -2.9% against the phase split's +7.1%, and on mali-g76,
+    -18.5%). Segments at least one switch latency long keep the model within 0.5%
+    of the accounting; the oracle keeps the budget and beats the phase split."""
+    import dataclasses
+
+    from turboinfer_llama.control.baselines.hindsight import PhaseSplit
+
+    p = dataclasses.replace(load_profile(profile), switch_latency_direct_ns=80_000_000)
+    phone = phone_segments(raw_gemma, p)
+    o = Oracle(phone, lambda: SimGpu(p), latency_slack=0.02)
+    acc = o.account()
+    assert o.min_segment_ns >= 80_000_000
+    ref = default_shadow(PhoneTrace.shared(phone, p), SimGpu(p))
+    assert acc.tpot_ms <= 1.02 * ref.tpot_ms and acc.ttft_ms <= 1.02 * ref.ttft_ms
+    ph = PhaseSplit(phone, lambda: SimGpu(p), latency_slack=0.02).account()
+    assert acc.energy_j < ph.energy_j
+    got = o._measure(acc)
+    model = o._group_t(o.segment_levels)
+    for gi, g in enumerate(o.groups):
+        assert model[gi] == pytest.approx(got[g], rel=5e-3), g
+
+
+def test_a_refinement_that_makes_no_progress_steps_every_target_down():
+    """Another app's DRAM load that comes and goes lands where the schedule puts it,
+    so a faster prompt moves the decode under the load: the sweep's first Latin-
+    hypercube point alternated TTFT and TPOT 0.01-0.1% over budget through every
+    refinement, and the oracle fell back to the top level (sim adreno650: -0.7%
+    against the phase split's +40.6%). With no progress every target now steps down
+    (``STALL_STEP``, doubled each time) until a schedule keeps both. Here (that
+    point's parameters on adreno640, a synthetic trace) the old refinement fell back
+    too: -0.4%."""
+    import dataclasses
+
+    trace = make_trace(
+        seed=4, requests=3, prompt_tokens=[16, 400, 24], decode_tokens=24, sample_ms=1.5
+    )
+    base = load_profile("adreno640")
+    p = dataclasses.replace(
+        base, switch_latency_direct_ns=190_000, bus_coupling=0.0,
+        host_cpu_factor=base.host_cpu_factor * 1.94,
+    )  # fmt: skip
+    phone = phone_segments(trace, p)
+    quiet = default_shadow(
+        PhoneTrace.build(phone, p, host_model=False), SimGpu(p, background_share=0.27)
+    )
+    d = quiet.duration_ns
+    sched = [(d // 3, 0.67), (2 * d // 3, 0.27)]
+
+    def factory():
+        return SimGpu(p, background_share=0.27, background_schedule=sched)
+
+    o = Oracle(phone, factory, latency_slack=0.02)
+    acc = o.account()
+    ref = default_shadow(PhoneTrace.shared(phone, p), factory())
+    assert o.bound is not None  # a schedule within budget was found, not the fallback
+    assert acc.tpot_ms <= 1.02 * ref.tpot_ms and acc.ttft_ms <= 1.02 * ref.ttft_ms
+    assert acc.energy_j < 0.7 * ref.energy_j

@@ -41,7 +41,7 @@ DEFAULT_PROFILES: tuple[str, ...] = ("adreno650", "mali-g76")
 DEFAULT_SLACKS: tuple[float, ...] = (0.0, 0.02, 0.05, 0.10)
 NOMINAL_SLACK = 0.02
 BACKGROUND_STEP = 0.4  # the mid-run load: 40% of DRAM bandwidth
-ORACLE_REFINE = 2  # re-solves after accounting checks of the oracle's schedule (bench: 8)
+ORACLE_REFINE = 8  # re-solves after accounting checks of the oracle's schedule (as the bench)
 
 # one-at-a-time values: each parameter moved to the ends of its range
 OAT: dict[str, tuple[Any, ...]] = {

@@ -529,6 +529,9 @@ class TubeMPC:
         self._req_decode_n = 0
         # the level the last slow-actuation plan set (None: the request's own, the top)
         self._slow_lv: int | None = None
+        # switches land decode steps late (``_slow_plan``; set by the decode plans, read
+        # at a prompt's events: no prompt plan then, each prompt at the top level)
+        self._slow = False
         self._t_end_prev: int | None = None  # end of the last graph learnt from
         self._prev_phase = "decode"
         # a lower bound of the default governor's time, where its rule is deterministic
@@ -678,7 +681,10 @@ class TubeMPC:
             self._req_begins.append(ev.t_ns)
             self._slow_lv = None
             self._prompt_first_chunk = True
-            self._prompt_env = self._prompt_envelope(ev.t_ns)
+            # (where switches land steps late, none: an envelope's raise, timed for a
+            # default whose prompt outlasts its ramp, lands after a short prompt, in
+            # the decode, where the bound has the default at the top already)
+            self._prompt_env = None if self._slow else self._prompt_envelope(ev.t_ns)
             if self._prompt_env is not None:
                 self._envelopes.append(self._prompt_env)
                 return self._envelope_plan(ev.t_ns)
@@ -1901,6 +1907,8 @@ class TubeMPC:
             # profile with a 50 us switch, +0.6% planning two graphs ahead)
             return self._top_plan(t_now)
         slow = tpl is not None and self._slow_actuation(tpl, d_med)
+        if tpl is not None:
+            self._slow = slow
         # where a switch lands steps late only a changed condition's probes run (a
         # planned one's raise lands graphs after it, and the drop back as late): the
         # graphs each request runs at the top level after its prompt are probes
