@@ -390,7 +390,8 @@ class Oracle:
         bad = {g: float("inf") for g in self.groups}
         best: tuple[float, np.ndarray, Any, Bound] | None = None
         checked: dict[bytes, Any] = {}
-        stalls, missed = 0, set()
+        stalls = 0
+        missed: set[str] = set()
         self.checks = 0
         self.budget_bound: Bound | None = None
         self.bound: Bound | None = None
