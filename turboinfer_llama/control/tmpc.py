@@ -1826,9 +1826,11 @@ class TubeMPC:
     def _slow_plan(
         self,
         t_now: int,
+        target: int,
         energy_j: np.ndarray,
         time_ns: np.ndarray,
         ref_1: float,
+        d_med: float,
         d_base: float,
         debt: float,
         ref_elapsed: float,
@@ -1852,9 +1854,12 @@ class TubeMPC:
         land, plus one; with no forecast yet (the first request) the level is no
         lower than one whose late raise the next prompt can afford
         (:meth:`_idle_level`). A request that ends before its forecast has its next
-        prompt start at the decode's level, and the forecast then holds its length."""
-        step = ref_1 + d_base if d_base > 0 else ref_1 + self._stall_ns()[0]
-        n_land = max(1, math.ceil(self.switch_latency_ns / max(step, 1.0)))
+        prompt start at the decode's level, and the forecast then holds its length.
+
+        Where measured time does not follow the clock (``clock_coupled`` False) the
+        graph planned for (``target``) commits the worse of this level and the one in
+        effect until it lands, as a plan's worst case does there."""
+        n_land = max(1, math.ceil(self.switch_latency_ns / max(ref_1 + d_med, 1.0)))
         cur = self.top if self._slow_lv is None else self._slow_lv
         debt_land = debt + n_land * (1.0 + r) * (float(time_ns[cur]) - ref_1)
         horizon = max(self.n_compute, n_land)
@@ -1864,7 +1869,7 @@ class TubeMPC:
         lv = int(np.where(ok, energy_j, np.inf).argmin())
         # the level the next prompt may start at: the top, or where the default's
         # bound is in use, its level (the default's next prompt starts no higher, and
-        # the prompt's envelope rises from there no sooner than this raise lands)
+        # a prompt's reference there is the bound's time)
         bound_lv = self._bound_level()
         end_lv = self.top if bound_lv is None else bound_lv
         if self._req_lengths:
@@ -1873,6 +1878,11 @@ class TubeMPC:
                 lv = max(lv, end_lv)
         else:
             lv = max(lv, min(self._idle_level(), end_lv))
+        if not self.clock_coupled:
+            worst = max(float(time_ns[cur]), float(time_ns[lv]))
+            self._planned[target] = _Planned(
+                0, worst, ref_1, (1.0 + r) * (worst - ref_1), ref_1, worst - ref_1
+            )
         self._slow_lv = lv
         return Plan(
             first_level=lv,
@@ -1982,7 +1992,9 @@ class TubeMPC:
         allowed_1 = self.slack * (ref_elapsed + (d_ref + stalls_total) / nc) - debt
         budget_1 = d_ref / nc + (allowed_1 - stall_tube / nc) / (1.0 + r)
         if slow:
-            return self._slow_plan(t_now, energy_1, time_ns[0], ref_1, d_base, debt, ref_elapsed, r)
+            return self._slow_plan(
+                t_now, target, energy_1, time_ns[0], ref_1, d_med, d_base, debt, ref_elapsed, r
+            )
         penalty = self.switch_count[self.level_at(t_now)] * (self.power.switch_j + 1e-7)
         penalty = penalty + self._order_pref
         sol = solve_horizon(energy, time_ns, budget, penalty, self.combos, budget_1)
