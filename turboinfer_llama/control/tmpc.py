@@ -119,6 +119,12 @@ its plan committed. The plan:
   At ``graph`` granularity there is no boundary during compute: the graph runs
   open-loop on its timed plan and the debt feeds back at the next solve.
 
+Where a switch takes a decode step or longer to land (``SLOW_SWITCH_STEPS``: a request
+through Android's thermal framework, ~80 ms) no level can be placed inside a graph or a
+stall: the decode runs at one level chosen online against the budget, raised back
+before the request's forecast end (the least decode length of recent requests) so the
+next prompt starts at the top (``_slow_plan``); no planned probes, no prompt envelope.
+
 A phase with no template yet (the first prefill, the first decode graph) runs at the
 top level: it cannot be followed node by node from Python, and it must not fall
 behind the default governor. Its stalls, and a probe's, still drop to the bottom.
