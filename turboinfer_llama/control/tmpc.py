@@ -536,7 +536,7 @@ class TubeMPC:
         # the level the last slow-actuation plan set (None: the request's own, the top)
         self._slow_lv: int | None = None
         # switches land decode steps late (``_slow_plan``; set by the decode plans, read
-        # at a prompt's events: no prompt plan then, each prompt at the top level)
+        # at REQUEST_BEGIN: no prompt envelope then)
         self._slow = False
         self._t_end_prev: int | None = None  # end of the last graph learnt from
         self._prev_phase = "decode"
