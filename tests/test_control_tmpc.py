@@ -394,3 +394,22 @@ def test_micro_batches_and_the_prompt_lengths_planned_ahead():
     assert _ubatch_seen(700, 1, 512) == 1024  # one micro-batch of 700: at least that
     assert _prompt_lengths(512) == [16, 64, 256, 512, 1024, 1536, 2048]
     assert _prompt_lengths(256) == [16, 64, 256, 512, 768, 1024]
+
+
+def test_the_slow_actuation_mode_has_hysteresis():
+    """A switch close to one decode step would flip tmpc's slow-actuation mode (and
+    the prompt envelope and the probes with it) graph by graph as the step's time
+    moves: it is entered at ``SLOW_SWITCH_STEPS`` steps and left under
+    ``SLOW_SWITCH_LEAVE`` of that."""
+    from types import SimpleNamespace
+
+    from turboinfer_llama.control import tmpc as tm
+
+    ctl = tm.TubeMPC([300_000_000, 600_000_000], switch_latency_ns=20_000_000)
+    step_ns = 20_000_000 / 0.9  # the switch: 0.9 of a step
+    tpl = SimpleNamespace(graph_ns=np.array([2 * step_ns, step_ns]))
+    assert not ctl._slow_actuation(tpl, 0.0)  # not entered under one step
+    ctl._slow = True
+    assert ctl._slow_actuation(tpl, 0.0)  # not left at 0.9 of one
+    tpl_fast = SimpleNamespace(graph_ns=np.array([2 * step_ns, 20_000_000 / 0.7]))
+    assert not ctl._slow_actuation(tpl_fast, 0.0)  # left under 0.8

@@ -182,6 +182,10 @@ PROBE_SKIP_MARGIN = 0.02
 # one level, chosen online, and is raised ahead of the request's forecast end
 # (``_slow_plan``)
 SLOW_SWITCH_STEPS = 1.0
+# and it stays so until the switch is under this share of SLOW_SWITCH_STEPS steps (a
+# switch near one step would otherwise flip the mode, and the prompt envelope and the
+# probes with it, graph by graph)
+SLOW_SWITCH_LEAVE = 0.8
 # requests whose decode lengths (graphs) forecast the next one's end: the least of them
 REQ_LENGTHS_KEPT = 4
 # bounds of the learnt ratio of measured to planned slowdown
@@ -1825,9 +1829,11 @@ class TubeMPC:
 
     def _slow_actuation(self, tpl: PhaseTemplate, d_med: float) -> bool:
         """Whether a switch takes ``SLOW_SWITCH_STEPS`` decode steps or more to land
-        (the template's graph at the top level and the forecast stall ``d_med``)."""
+        (the template's graph at the top level and the forecast stall ``d_med``); once
+        so, until it takes under ``SLOW_SWITCH_LEAVE`` of that."""
         step = float(tpl.graph_ns[self.top]) + d_med
-        return self.switch_latency_ns >= SLOW_SWITCH_STEPS * step
+        steps = SLOW_SWITCH_STEPS * (SLOW_SWITCH_LEAVE if self._slow else 1.0)
+        return self.switch_latency_ns >= steps * step
 
     def _slow_plan(
         self,
