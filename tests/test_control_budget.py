@@ -284,6 +284,9 @@ def generated_gpu(seed: int):
 # stop 27: prompt plans made ahead per length, a 10-token prompt took the 16-token plan
 # with its timed switches scaled by the tokens, early (139: +2.33% TTFT at 2%, graph)
 @example(seed=139)
+# stop 32, seeds 0-599: plans made with a gain under 1 (their graphs had slowed less
+# than planned), the next two 2.7x their planned slowdown (523: +5.22% at 5%, graph)
+@example(seed=523)
 def test_tmpc_keeps_the_budget_on_generated_gpus(seed):
     profile, slack, granularity, trace = generated_gpu(seed)
     tpot, ttft = _changes(profile, trace, slack, granularity)
