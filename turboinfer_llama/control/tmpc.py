@@ -1876,9 +1876,7 @@ class TubeMPC:
         debt_land = debt + n_land * (1.0 + r) * (float(time_ns[cur]) - ref_1)
         horizon = max(self.n_compute, n_land)
         room = self.slack * (ref_elapsed + (n_land + horizon) * (ref_1 + d_base)) - debt_land
-        ok = (1.0 + r) * (time_ns - ref_1) <= room / horizon
-        ok[self.top] = True
-        lv = int(np.where(ok, energy_j, np.inf).argmin())
+        lv = self._flat_level(energy_j, time_ns, ref_1 + room / (horizon * (1.0 + r)))
         # the level the next prompt may start at: the top, or where the default's
         # bound is in use, its level (the default's next prompt starts no higher, and
         # a prompt's reference there is the bound's time)

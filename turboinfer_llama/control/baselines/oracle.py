@@ -357,13 +357,8 @@ class Oracle:
         # the segments the level holds over: at least one minimum dwell long
         steps = self.trace.steps
         is_stall = np.array([not hasattr(steps[s], "flops") for s in blk.step.tolist()], bool)
-        # and at least one switch latency: a switch is issued that long before its
-        # segment, timed on the steps before it, so where it is long (the sweep's 80
-        # ms point) any step that runs off the model moves every switch issued over
-        # it, and a schedule switching within stalls lands in the wrong places (sim
-        # adreno640 at 80 ms: modelled TPOT 0.954 of the budget, accounted 1.001,
-        # at every refinement; the oracle fell back to the top level, -2.9% saving
-        # against the phase split's +7.1%)
+        # and at least one switch latency (module docstring; sim adreno640 at 80 ms:
+        # modelled TPOT 0.954 of the budget, accounted 1.001, then the top level)
         dwell = float(getattr(self._profile, "min_dwell_ns", 0) or 0)
         dwell = max(dwell, float(self.s_ns))
         self.min_segment_ns = dwell * 1.01 + 2_000.0 if dwell > 0 else 0.0
