@@ -88,7 +88,7 @@ def test_default_shadow_matches_the_replay_of_the_default_governor(raw, profile)
     ref = replay(phone, make_controller("default", **for_device(dev)), dev)
     trace = PhoneTrace.build(raw, p)
     acc = default_shadow(trace, p)
-    assert acc.tokens == ref.tokens == 9
+    assert acc.tokens == ref.tokens == 10  # every token, the last included
     assert acc.energy_j == pytest.approx(ref.energy_j, rel=TOL)
     assert acc.ttft_ms == pytest.approx(ref.ttft_ms, rel=TOL)
     assert acc.tpot_ms == pytest.approx(ref.tpot_ms, rel=TOL)
@@ -454,7 +454,7 @@ def test_the_oracle_no_longer_replays_per_kernel(raw, monkeypatch) -> None:
         trace=phone,
         device_factory=lambda: SimGpu(p),
     )
-    assert o.account().tokens == 9
+    assert o.account().tokens == 10
 
 
 def test_shared_trace_is_built_once_per_segments_and_profile(raw) -> None:

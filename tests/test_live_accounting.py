@@ -51,7 +51,7 @@ def test_settle_accounts_the_loops_switches_not_a_replay_of_the_controller(raw) 
     # the default-governor shadow, on the same (phone) timeline
     shadow = default_shadow(PhoneTrace.build(raw, p), p)
     assert e["default_energy_j"] == pytest.approx(shadow.energy_j, rel=1e-9)
-    assert e["tokens"] == shadow.tokens == 9
+    assert e["tokens"] == shadow.tokens == 10
     acc = e["accounting"]
     assert acc["accounting_ms_per_token"] > 0 and acc["replay_check_ms_per_token"] == 0
     assert e["simulated"] is True and e["recent_requests"][0]["simulated"] is True
@@ -74,7 +74,7 @@ def test_the_replay_check_accounts_both_switch_sets_alike(raw) -> None:
         acct.close(settle=False)
     trace = PhoneTrace.build(raw, p)
     got = applied_energy(trace, p, trace.place([raw[0].t_ns], [305_000_000]))
-    assert e["applied_energy_per_token_j"] == pytest.approx(got.energy_j / 9, rel=1e-9)
+    assert e["applied_energy_per_token_j"] == pytest.approx(got.energy_j / 10, rel=1e-9)
     rep = e["replay_energy_per_token_j"]
     assert rep == pytest.approx(e["applied_energy_per_token_j"], rel=TOL)
     assert e["accounting"]["replay_check_ms_per_token"] > 0

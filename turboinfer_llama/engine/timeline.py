@@ -249,6 +249,7 @@ class Timeline:
         self._in_request = False
         self._in_prefill = False
         self._token = -1
+        self._token_ns: int | None = None  # the last TOKEN event's time
         self._last_kernel_end_ns: int | None = None
         self._request_end_ns: int | None = None
 
@@ -490,9 +491,23 @@ class Timeline:
             self._request += 1
             self._in_request = True
             self._token = -1
+            self._token_ns = None
             self._last_kernel_end_ns = None
             self._request_end_ns = None
         elif k is EventKind.REQUEST_END:
+            last_end, tok_ns = self._last_kernel_end_ns, self._token_ns
+            if last_end is not None and tok_ns is not None and tok_ns >= last_end:
+                # the request's last token: its sampling (the last graph's end to the
+                # request's end) is a sample stall like every other token's, so the
+                # token counts (replay's token times, TPOT). It used to fall between
+                # segments: the last graph of a request was timed by no token, and
+                # the oracle ran it at the bottom level for free (sim adreno640,
+                # gemma recording, 2%: 17 mJ a request)
+                s = self._stall(StallKind.SAMPLE, last_end, ev.t_ns, "decode")
+                if s:
+                    out.append(s)
+                    if not reference:
+                        self._account(s)
             self._in_request = False
             self._request_end_ns = ev.t_ns
             self._last_kernel_end_ns = None
@@ -502,6 +517,7 @@ class Timeline:
             self._in_prefill = False
         elif k is EventKind.TOKEN:
             self._token = ev.token
+            self._token_ns = ev.t_ns
         elif k is EventKind.DECODE_BEGIN:
             phase: Phase = "prefill" if self._in_prefill else "decode"
             if self._last_kernel_end_ns is not None:
