@@ -476,6 +476,17 @@ class Timeline:
             token=self._token,
         )
 
+    def _add_stall(
+        self, out: list[Segment], kind: StallKind, t0: int, t1: int, phase: Phase, reference: bool
+    ) -> None:
+        """Append the stall ``[t0, t1)`` (none where empty) to ``out``, accounted unless
+        ``reference`` (the caller accounts it)."""
+        s = self._stall(kind, t0, t1, phase)
+        if s:
+            out.append(s)
+            if not reference:
+                self._account(s)
+
     def _derive(self, ev: Event, reference: bool = False) -> list[Segment]:
         """The segments one non-node event completes, accounted (kernel and stall
         totals) as they are derived unless ``reference`` (the caller accounts them)."""
@@ -483,11 +494,9 @@ class Timeline:
         out: list[Segment] = []
         if k is EventKind.REQUEST_BEGIN:
             if self._request_end_ns is not None:
-                s = self._stall(StallKind.IDLE, self._request_end_ns, ev.t_ns, "idle")
-                if s:
-                    out.append(s)
-                    if not reference:
-                        self._account(s)
+                self._add_stall(
+                    out, StallKind.IDLE, self._request_end_ns, ev.t_ns, "idle", reference
+                )
             self._request += 1
             self._in_request = True
             self._token = -1
@@ -503,11 +512,7 @@ class Timeline:
                 # segments: the last graph of a request was timed by no token, and
                 # the oracle ran it at the bottom level for free (sim adreno640,
                 # gemma recording, 2%: 17 mJ a request)
-                s = self._stall(StallKind.SAMPLE, last_end, ev.t_ns, "decode")
-                if s:
-                    out.append(s)
-                    if not reference:
-                        self._account(s)
+                self._add_stall(out, StallKind.SAMPLE, last_end, ev.t_ns, "decode", reference)
             self._in_request = False
             self._request_end_ns = ev.t_ns
             self._last_kernel_end_ns = None
@@ -521,11 +526,9 @@ class Timeline:
         elif k is EventKind.DECODE_BEGIN:
             phase: Phase = "prefill" if self._in_prefill else "decode"
             if self._last_kernel_end_ns is not None:
-                s = self._stall(StallKind.SAMPLE, self._last_kernel_end_ns, ev.t_ns, phase)
-                if s:
-                    out.append(s)
-                    if not reference:
-                        self._account(s)
+                self._add_stall(
+                    out, StallKind.SAMPLE, self._last_kernel_end_ns, ev.t_ns, phase, reference
+                )
             self._graph = _Graph(ev.t_ns, phase, self._request, self._token + 1)
         elif k in (EventKind.NODE_ASK, EventKind.NODE_DONE):
             if self._graph is not None:
