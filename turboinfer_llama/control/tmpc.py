@@ -1891,7 +1891,12 @@ class TubeMPC:
         if not self.clock_coupled:
             worst = max(float(time_ns[cur]), float(time_ns[lv]))
             self._planned[target] = _Planned(
-                0, worst, ref_1, (1.0 + r) * (worst - ref_1), ref_1, worst - ref_1
+                n=0,  # matches no graph's node count: nothing is learnt from it
+                predicted_ns=worst,
+                top_ns=ref_1,
+                committed_ns=(1.0 + r) * (worst - ref_1),
+                ref_ns=ref_1,
+                excess_ns=worst - ref_1,
             )
         self._slow_lv = lv
         return Plan(
