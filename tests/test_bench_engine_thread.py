@@ -28,8 +28,11 @@ def test_engine_thread_bench_splits_each_requests_calls_by_stage(tiny_gguf, tmp_
         assert fig["inside_decode_us"] > 0 and fig["between_decodes_us"] > 0
     for side in ("hooks only", "live loop"):  # paired with plain's rounds
         assert {"inside_decode_vs_plain_us", "between_decodes_vs_plain_us"} <= set(per_token[side])
-        # our callback timed itself in C: a share of the time inside llama_decode
-        assert 0 < per_token[side]["eval_callback_us"] < per_token[side]["inside_decode_us"]
+        # our callback timed itself in C, inside the same llama_decode calls that were
+        # timed around it: a share of their time (the per-decode mean, which has the
+        # prompt's long decode in it, is not compared with the later decodes' median)
+        assert per_token[side]["eval_callback_us"] > 0
+        assert 0 < per_token[side]["eval_callback_share_of_decode"] < 1
         # the later decode graphs llama.cpp reused were told by their nodes' addresses
         assert per_token[side]["compact_asks"]["by_address"] > 0
     assert "eval_callback_us" not in per_token["plain"]

@@ -90,12 +90,16 @@ def _native_hook(llm: Any) -> Any:
 def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str, dict[str, float]]:
     """Per side: median us inside ``llama_decode`` and between two calls, per token
     (median over rounds of each round's median; rounds alternate the sides' order);
-    for ours, the eval callback's own time per token (timed in C, in the decodes of the
-    rounds, the prompt's included: total over rounds / decodes)."""
+    for ours, the eval callback's own time per decode (timed in C, in the decodes of the
+    rounds, the prompt's included: total over rounds / decodes), and its share of the
+    time inside those same decodes (the callback runs inside ``llama_decode``, so the
+    share is below 1; the per-decode mean, the prompt's decode in it, is not comparable
+    with the later decodes' median)."""
     log: list[tuple[int, int]] = []
     inside: dict[str, list[float]] = {k: [] for k in sides}
     between: dict[str, list[float]] = {k: [] for k in sides}
-    self_ns: dict[str, list[int]] = {k: [0, 0] for k in sides}  # ns, decodes
+    # callback ns, decodes, ns inside those decodes
+    self_ns: dict[str, list[int]] = {k: [0, 0, 0] for k in sides}
     hooks = {k: _native_hook(llm) for k, llm in sides.items()}
     with _timed_decode(log):
         for llm in sides.values():  # warm-up
@@ -114,6 +118,7 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
                     hook.set_self_timing(False)
                     self_ns[name][0] += hook.self_time()[0] - before
                     self_ns[name][1] += len(log)
+                    self_ns[name][2] += sum(b - a for a, b in log)
                 calls = log[2:]  # the prompt's and the first token's decode excluded
                 if len(calls) < 3:
                     raise RuntimeError("too few tokens generated to time decoding")
@@ -129,6 +134,7 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
         }
         if self_ns[k][1]:
             fig["eval_callback_us"] = self_ns[k][0] / self_ns[k][1] / 1e3
+            fig["eval_callback_share_of_decode"] = self_ns[k][0] / max(self_ns[k][2], 1)
         if hooks[k] is not None:
             # asks told a repeat by address (a graph llama.cpp reused), by key, recorded
             fig["compact_asks"] = hooks[k].compact_stats()
@@ -282,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fig['between_decodes_vs_plain_us']:+.1f}"
             )
             if "eval_callback_us" in fig:
-                extra += f"{fig['eval_callback_us']:>20.1f}"
+                share = fig["eval_callback_share_of_decode"]
+                extra += f"{fig['eval_callback_us']:>12.1f} ({share:.1%} of decode)"
         print(
             f"  {name:<12}{fig['inside_decode_us']:>22.1f}{fig['between_decodes_us']:>18.1f}{extra}"
         )
