@@ -2,7 +2,7 @@
 TTFT, concurrency and memory, with a 95% confidence interval on every ratio.
 
     python -m turboinfer_llama.bench.server_parity [--model PATH] [--rounds 10]
-        [--requests 3] [--max-tokens 32] [--stream-tokens 64] [--concurrency 16]
+        [--restarts 2] [--requests 3] [--max-tokens 32] [--stream-tokens 64] [--concurrency 16]
         [--concurrent-s 60] [--rss-tokens 10000]
 
 Starts ``python -m llama_cpp.server`` and ``python -m turboinfer_llama.server`` on
@@ -18,7 +18,11 @@ template), greedy, with raw HTTP (httpx) so both servers see the same client.
    text chunk; decode tokens/s: chunks after the first over the time after it). Each
    round gives one ratio per figure; the mean over rounds is printed with a 95%
    t-interval. Targets: latency theirs/ours >= 0.98, tokens/s ours/theirs >= 0.99,
-   TTFT theirs/ours >= 0.98. Our server settles its (simulated) energy accounting
+   TTFT theirs/ours >= 0.98. The rounds are split over ``--restarts`` fresh pairs of
+   servers, each pair started in the other order: of two copies of llama-cpp-python's
+   server, interleaved over 8 rounds, the one started second decoded 1.2% and 1.5%
+   slower (two runs, this host), a bias a single pair puts wholly on one side (ours
+   used to start second). Our server settles its (simulated) energy accounting
    once it is quiet; the script waits for that after each of our turns, outside every
    timed window, so it never lands in the other server's turn, and prints the wait.
 2. **Concurrency**: ``--concurrency`` clients streaming back to back for
@@ -284,6 +288,14 @@ def power_get_ms(side: Side) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def restart_blocks(rounds: int, restarts: int) -> list[tuple[int, int, str]]:
+    """The rounds split over ``restarts`` fresh server pairs as evenly as they go:
+    ``(first round, end round, the server started first)`` per pair, the start order
+    alternating (theirs first in the first pair)."""
+    edges = [rounds * k // restarts for k in range(restarts + 1)]
+    return [(edges[k], edges[k + 1], "theirs" if k % 2 == 0 else "ours") for k in range(restarts)]
+
+
 def _ratio_line(name: str, xs: list[float], target: float, how: str) -> str:
     m, lo, hi = mean_ci95(xs)
     verdict = "met" if lo >= target else "met by the mean only" if m >= target else "NOT met"
@@ -301,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--requests", type=int, default=3, help="requests per kind, round, server")
+    ap.add_argument(
+        "--restarts",
+        type=int,
+        default=2,
+        help="fresh server pairs the rounds are split over, each started in the other "
+        "order (of two copies of one server, the one started second decoded 1.2-1.5%% "
+        "slower on this host)",
+    )
     ap.add_argument("--max-tokens", type=int, default=32, help="non-streaming requests")
     ap.add_argument("--stream-tokens", type=int, default=64, help="streamed requests")
     ap.add_argument("--concurrency", type=int, default=16)
@@ -316,13 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (a confidence interval needs two rounds)")
+    if not 1 <= args.restarts <= args.rounds:
+        ap.error("--restarts must be between 1 and --rounds")
     model = args.model or default_model()
     common = ["--model", model, "--host", "127.0.0.1", "--port", "0"]
-    servers: list[Server] = []
-    try:
-        theirs_srv = Server("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", *common])
-        servers.append(theirs_srv)
-        ours_srv = Server(
+    cmds = {
+        "theirs": ("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", *common]),
+        "ours": (
             "turboinfer",
             [
                 sys.executable,
@@ -331,47 +351,78 @@ def main(argv: list[str] | None = None) -> int:
                 *common,
                 *shlex.split(args.ours_args),
             ],
-        )
-        servers.append(ours_srv)
-        sides = {
-            name: Side(name, srv, httpx.Client(base_url=srv.url, timeout=600))
-            for name, srv in (("ours", ours_srv), ("theirs", theirs_srv))
-        }
+        ),
+    }
+    servers: list[Server] = []
+    sides: dict[str, Side] = {}
+    rss0: dict[str, int] = {}
+    settle_s: list[float] = []
+    first_of_round: list[str] = []
+    try:
+        for block, (r0, r1, first) in enumerate(restart_blocks(args.rounds, args.restarts)):
+            for srv in servers:  # the last block's pair stays up for the later phases
+                srv.close()
+            servers = []
+            started = {}
+            for name in (first, "theirs" if first == "ours" else "ours"):
+                label, cmd = cmds[name]
+                started[name] = Server(label, cmd)
+                servers.append(started[name])
+            old = sides
+            sides = {
+                name: Side(
+                    name, started[name], httpx.Client(base_url=started[name].url, timeout=600)
+                )
+                for name in ("ours", "theirs")
+            }
+            for name, side in sides.items():  # figures carry over from the last pair
+                if name in old:
+                    o = old[name]
+                    o.http.close()
+                    side.tokens, side.lat_ms, side.ttft_ms, side.tps = (
+                        o.tokens,
+                        o.lat_ms,
+                        o.ttft_ms,
+                        o.tps,
+                    )
+            ours, theirs = sides["ours"], sides["theirs"]
+            if block == 0:
+                power = ours.http.get("/v1/power").json()
+                print(f"model {model}")
+                kind = {True: "simulated", False: "real"}.get(power["simulated"], "none")
+                print(
+                    f"ours: power saving {'on' if power['power_saving'] else 'off'}, device "
+                    f"{power['device']['name']} ({kind}), "
+                    f"controller {(power.get('controller') or {}).get('name')}; "
+                    + (
+                        f"ours with {args.ours_args!r}"
+                        if args.ours_args
+                        else "both servers on default flags"
+                    )
+                )
+            print(f"server pair {block + 1} of {args.restarts}: {first} started first")
+            for s in sides.values():  # warm-up: page in weights, first-call costs
+                completion(s, 0, 8)
+                stream(s.http, 0, 8)
+            wait_settled(ours)
+            rss0 = {k: s.rss for k, s in sides.items()}
+            tokens_before = 0
+            for r in range(r0, r1):
+                first_of_round.append(first)
+                order = (ours, theirs) if r % 2 == 0 else (theirs, ours)
+                for side in order:
+                    if side is ours:
+                        tokens_before = ours.tokens
+                    turn(side, args, r)
+                    if side is ours:
+                        settle_s.append(wait_settled(ours) / max(ours.tokens - tokens_before, 1))
+                print(
+                    f"round {r + 1:2d}: latency ms ours {ours.lat_ms[-1]:7.1f} theirs "
+                    f"{theirs.lat_ms[-1]:7.1f} | TTFT ms ours {ours.ttft_ms[-1]:6.1f} theirs "
+                    f"{theirs.ttft_ms[-1]:6.1f} | tok/s ours {ours.tps[-1]:6.1f} theirs "
+                    f"{theirs.tps[-1]:6.1f}"
+                )
         ours, theirs = sides["ours"], sides["theirs"]
-        power = ours.http.get("/v1/power").json()
-        print(f"model {model}")
-        kind = {True: "simulated", False: "real"}.get(power["simulated"], "none")
-        print(
-            f"ours: power saving {'on' if power['power_saving'] else 'off'}, device "
-            f"{power['device']['name']} ({kind}), "
-            f"controller {(power.get('controller') or {}).get('name')}; "
-            + (
-                f"ours with {args.ours_args!r}"
-                if args.ours_args
-                else "both servers on default flags"
-            )
-        )
-        for s in sides.values():  # warm-up: page in weights, first-call costs
-            completion(s, 0, 8)
-            stream(s.http, 0, 8)
-        wait_settled(ours)
-        rss0 = {k: s.rss for k, s in sides.items()}
-        settle_s: list[float] = []
-        tokens_before = 0
-        for r in range(args.rounds):
-            order = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-            for side in order:
-                if side is ours:
-                    tokens_before = ours.tokens
-                turn(side, args, r)
-                if side is ours:
-                    settle_s.append(wait_settled(ours) / max(ours.tokens - tokens_before, 1))
-            print(
-                f"round {r + 1:2d}: latency ms ours {ours.lat_ms[-1]:7.1f} theirs "
-                f"{theirs.lat_ms[-1]:7.1f} | TTFT ms ours {ours.ttft_ms[-1]:6.1f} theirs "
-                f"{theirs.ttft_ms[-1]:6.1f} | tok/s ours {ours.tps[-1]:6.1f} theirs "
-                f"{theirs.tps[-1]:6.1f}"
-            )
         lat = [t / o for o, t in zip(ours.lat_ms, theirs.lat_ms, strict=True)]
         tps = [o / t for o, t in zip(ours.tps, theirs.tps, strict=True)]
         ttft = [t / o for o, t in zip(ours.ttft_ms, theirs.ttft_ms, strict=True)]
@@ -379,6 +430,17 @@ def main(argv: list[str] | None = None) -> int:
         print(_ratio_line("non-streaming latency", lat, TARGETS["latency"], "theirs/ours"))
         print(_ratio_line("streaming decode tokens/s", tps, TARGETS["tokens_per_s"], "ours/theirs"))
         print(_ratio_line("TTFT", ttft, TARGETS["ttft"], "theirs/ours"))
+        if args.restarts > 1:
+            print("by which server was started first (the mean of each pair's rounds):")
+            for first in ("theirs", "ours"):
+                idx = [i for i, f in enumerate(first_of_round) if f == first]
+                if idx:
+                    print(
+                        f"  {first} first ({len(idx)} rounds): latency "
+                        f"{statistics.fmean(lat[i] for i in idx):.3f}, tokens/s "
+                        f"{statistics.fmean(tps[i] for i in idx):.3f}, TTFT "
+                        f"{statistics.fmean(ttft[i] for i in idx):.3f}"
+                    )
         print(
             f"ours: settling the simulated accounting after each turn (outside the timed "
             f"windows) took a median {statistics.median(settle_s) * 1e3:.1f} ms per token"
