@@ -128,14 +128,16 @@ def test_tmpc_finds_the_clocks_effect_on_a_gpu_unlike_the_reference_machine(refi
         assert pm.theta[0] < 0.5 * true_c
 
 
-def test_a_long_prompt_spends_its_slack_where_the_envelope_would_only_ramp(monkeypatch):
+def test_a_prompt_spends_its_slack_and_the_defaults_ramp_on_a_solved_plan(monkeypatch):
     """Under simple_ondemand a prompt followed the envelope of the default's levels:
     no slower than the default's at every instant, but it saves only while that is
     below the top -- a ramp of ~30 ms before a 968-token prompt's ~2.6 s at the top.
     Its solved plan spends the slack of its top-level time instead (50 ms at 2%), and a
-    prompt now runs on whichever spends more (``_slack_beats_ramp``): the long prompt
-    on its plan, the short one still on the envelope. Without the choice (every
-    prompt on the envelope) the prompts spend more energy."""
+    prompt ran on whichever spends more (``_slack_beats_ramp``): the long prompt on its
+    plan, the short one on the envelope. Now a prompt whose ramp covers one of
+    ``PROMPT_RAMP_STEPS`` runs on a plan solved against the top-level time plus that
+    ramp, its slack of both (``_ramped_plan``): both prompts here. Each step spends
+    less energy on the prompts, within the budget."""
     from turboinfer_llama.control import tmpc as tmpc_mod
 
     prof = load_profile("mali-g76")
@@ -147,26 +149,51 @@ def test_a_long_prompt_spends_its_slack_where_the_envelope_would_only_ramp(monke
     dev = SimGpu(prof)
     base = replay(trace, make_controller("default", **for_device(dev)), dev, hold=True)
     choose = tmpc_mod.TubeMPC._slack_beats_ramp
+    ramped = tmpc_mod.TubeMPC._ramped_plan
     chosen: list[tuple[int, bool]] = []
+    took_ramped: list[tuple[int, bool]] = []
 
-    def spy(self, n_tokens, t_ns):
+    def spy_choice(self, n_tokens, t_ns):
         got = choose(self, n_tokens, t_ns)
         chosen.append((int(n_tokens), got))
         return got
 
+    def spy_ramped(self, n_tokens, t_ns):
+        got = ramped(self, n_tokens, t_ns)
+        took_ramped.append((int(n_tokens), got is not None))
+        return got
+
     got = {}
-    for name, rule in (("choice", spy), ("envelope only", lambda self, n, t: False)):
+    steps = tmpc_mod.PROMPT_RAMP_STEPS
+    for name, rule, ramp_steps in (
+        ("ramped", spy_choice, steps),
+        ("choice", spy_choice, ()),
+        ("envelope only", lambda self, n, t: False, ()),
+    ):
         monkeypatch.setattr(tmpc_mod.TubeMPC, "_slack_beats_ramp", rule)
+        monkeypatch.setattr(tmpc_mod.TubeMPC, "_ramped_plan", spy_ramped)
+        monkeypatch.setattr(tmpc_mod, "PROMPT_RAMP_STEPS", ramp_steps)
+        chosen.clear()
+        took_ramped.clear()
         dev = SimGpu(prof)
         ctl = make_controller("tmpc", latency_slack=slack, **for_device(dev))
         got[name] = replay(trace, ctl, dev, hold=True)
-    # the first request has no bound state to follow; then the long and the short one
-    assert chosen == [(968, True), (24, False)]
-    on, off = got["choice"], got["envelope only"]
-    assert on.energy_by_phase_j["prefill"] < 0.99 * off.energy_by_phase_j["prefill"]
-    assert on.energy_j < off.energy_j
-    assert on.tpot_ms <= base.tpot_ms * (1 + slack + 0.002)
-    assert on.ttft_ms <= base.ttft_ms * (1 + slack + 0.002)
+        if name == "ramped":
+            # the first request has no bound state to follow; then the long and the
+            # short one, each on a ramped plan (so the older choice is not asked)
+            assert took_ramped == [(968, True), (24, True)]
+            assert chosen == []
+        elif name == "choice":
+            assert took_ramped == [(968, False), (24, False)]
+            assert chosen == [(968, True), (24, False)]
+    prefill = {k: r.energy_by_phase_j["prefill"] for k, r in got.items()}
+    assert prefill["ramped"] < 0.99 * prefill["choice"] < 0.99 * 0.99 * prefill["envelope only"]
+    assert got["ramped"].energy_j < got["choice"].energy_j < got["envelope only"].energy_j
+    for r in got.values():
+        assert r.tpot_ms <= base.tpot_ms * (1 + slack + 0.002)
+        assert r.ttft_ms <= base.ttft_ms * (1 + slack + 0.002)
+    # the ramped plans spend more of the TTFT budget, not less
+    assert got["ramped"].ttft_ms > got["choice"].ttft_ms
 
 
 def test_a_graph_run_wholly_at_one_level_bounds_the_requests_later_busy_time_there(monkeypatch):

@@ -47,9 +47,13 @@ request's end; idle after it), the highest level any timer phase can be at as th
 runs, each raise issued a switch latency early; a prompt whose clock stayed at or above
 it throughout (``_followed_envelope``) is no slower than the default's and costs no TTFT
 debt. After a gap the default sits low and a prompt's start runs there too (before: at
-the top). The envelope saves only while it is below the top; a prompt graph whose solved
-plan spends more than the envelope's ramp would (a long prompt: its slack against its
-top-level time) runs on that plan instead (``_slack_beats_ramp``).
+the top). The envelope saves only while it is below the top. Its ramp (what the envelope's levels
+lose against the top over the prompt's work, each level timed by the model made faster
+by the tube) is a lower bound of the default's time over the top level's, so a prompt
+graph runs on a plan solved against the top level's time *plus* that ramp, its slack
+of both (``_ramped_plan``: plans made ahead at ``PROMPT_RAMP_STEPS`` shares of ramp,
+the largest the prompt's own ramp covers); where none is covered, on whichever of the
+top-level plan and the envelope spends more (``_slack_beats_ramp``).
 
 Safe exploration (``_cautious``): the levels below the lowest a phase has run at (a
 graph spent ``SEEN_SHARE`` of its kernel time there) enter the solve at their worst
@@ -242,6 +246,12 @@ PROMPT_REPLAN, PROMPT_REPLAN_GRAPHS = 0.02, 16
 # model's (sim adreno640, gemma: a 968-token prompt after a 24-token one, 5% in its
 # first layer): the plan's feedback waits for a delay of PROMPT_TOL of its time
 PROMPT_FAR, PROMPT_TOL = 4, 0.05
+# where the default's bound is in use (simple_ondemand), a prompt that begins while the
+# bound's timelines are below the top level ramps up in the default: its time there is
+# at least the top level's plus what the bound's levels lose over the prompt's work.
+# Prompt plans are made ahead for a default that much slower by these shares of the
+# top-level time; a prompt takes the largest its own ramp covers (``_ramped_plan``)
+PROMPT_RAMP_STEPS = tuple(0.01 * 1.5**k for k in range(11))  # 1% to 58%
 # tokens per micro-batch a longer prompt is split into (llama.cpp's default n_ubatch),
 # until a prompt graph of several shows another
 UBATCH_TOKENS = 512
@@ -315,6 +325,11 @@ class _PromptPlan(NamedTuple):
     margin_ns: float
     blocks: np.ndarray  # per-block levels
     aid: _RetimeAid | None = None  # made ahead per length: to time it at another
+    energy_j: float = 0.0  # its blocks' energy, unseen levels at their worst case
+    # where the default's bound is in use: the plans for a default slower than the top
+    # level by at least a share of its time, (share, plan) by rising share
+    # (``PROMPT_RAMP_STEPS``, ``TubeMPC._ramped_plan``)
+    ramped: tuple[tuple[float, _PromptPlan], ...] = ()
 
 
 def _ubatches(tokens: int, ubatch: int = UBATCH_TOKENS) -> list[int]:
@@ -680,6 +695,11 @@ class TubeMPC:
             self.phase = "prefill" if ev.n_tokens > 1 else "decode"
             if self.phase == "prefill":
                 if self._prompt_env is not None:
+                    ramped = self._ramped_plan(ev.n_tokens, ev.t_ns)
+                    if ramped is not None:
+                        solved = self._prefill_plan(ev.n_tokens, ev.t_ns, ramped)
+                        if solved is not None:
+                            return solved
                     if self._slack_beats_ramp(ev.n_tokens, ev.t_ns):
                         solved = self._prefill_plan(ev.n_tokens, ev.t_ns)
                         if solved is not None:
@@ -1402,24 +1422,37 @@ class TubeMPC:
         self._prefill_next = self._solve_prompt(tpl, self._cautious("prefill", tpl), n_tokens)
 
     def _solve_prompt(
-        self, tpl: PhaseTemplate, ct: CautiousTables, n_tokens: int
+        self,
+        tpl: PhaseTemplate,
+        ct: CautiousTables,
+        n_tokens: int,
+        ramp: float = 0.0,
+        unless: np.ndarray | None = None,
     ) -> _PromptPlan | None:
         """A prompt's per-block plan from its template's tables ``ct``, or None where
-        nothing fits."""
+        nothing fits (or where its blocks' levels are ``unless``'s: the plan made
+        already, its switches not timed again). ``ramp``: the default is slower than
+        the top level by at least this share of its time (a ramp); the slack is of that
+        slower time, and the tube widens only the plan's slowdown over the top level's
+        time, as without one."""
         r = self.rel_err.estimate().upper_ns
         top_t = float(ct.graph_ns[self.top])
-        cap = top_t * (1.0 + self.slack / (1.0 + r))
+        cap = top_t * (1.0 + (ramp + self.slack * (1.0 + ramp)) / (1.0 + r))
         risky = ct.block_ns + self._timing_risk(tpl, ct.block_ns, r)
         got = block_levels(ct.block_energy_j, risky, cap)
         if got is None:
             return None
         blocks = dwell_merge(got[0], ct.block_ns, self.switch_latency_ns)
-        used = float(risky[np.arange(len(blocks)), blocks].sum())
+        if unless is not None and np.array_equal(blocks, unless):
+            return None
+        rows = np.arange(len(blocks))
+        used = float(risky[rows, blocks].sum())
         sw, predicted = self._block_switches(tpl, blocks)
         margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
         return _PromptPlan(
-            tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks
-        )
+            tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks,
+            energy_j=float(ct.block_energy_j[rows, blocks].sum()),
+        )  # fmt: skip
 
     def _refresh_prompt_plans(self) -> None:
         """Make the plans for the next prompt again (:meth:`_prepare_prompt_plans`)
@@ -1482,9 +1515,20 @@ class TubeMPC:
         plans: dict[int, _PromptPlan] = {}
         for tokens in _prompt_lengths(aff.ubatch):
             tpl = self._prompt_template(aff, _ubatches(tokens, aff.ubatch))
-            got = self._solve_prompt(tpl, CautiousTables(*tpl.safe), tokens)
-            if got is not None:
-                plans[tokens] = got._replace(aid=self._retime_aid(aff, got))
+            ct = CautiousTables(*tpl.safe)
+            got = self._solve_prompt(tpl, ct, tokens)
+            if got is None:
+                continue
+            ramped: list[tuple[float, _PromptPlan]] = []
+            if self._default_bound is not None and self.slack > 0:
+                last = got.blocks
+                for q in PROMPT_RAMP_STEPS:
+                    more = self._solve_prompt(tpl, ct, tokens, ramp=q, unless=last)
+                    if more is None:
+                        continue  # none, or the same plan as the smaller share's
+                    last = more.blocks
+                    ramped.append((q, more._replace(aid=self._retime_aid(aff, more))))
+            plans[tokens] = got._replace(aid=self._retime_aid(aff, got), ramped=tuple(ramped))
         self._prompt_ahead = (aff, plans)
 
     @staticmethod
@@ -1645,6 +1689,60 @@ class TubeMPC:
             work_ns -= dur * float(pace[lv])
         return got.predicted_ns * scale - top_ns > ramp_ns
 
+    def _ramped_plan(self, n_tokens: int, t_ns: int) -> _PromptPlan | None:
+        """The plan made ahead for a default slower than the top level by the largest
+        of ``PROMPT_RAMP_STEPS`` that this prompt's ramp covers, or None. The ramp: the
+        time the envelope's levels (:meth:`_prompt_envelope`, at or above the
+        default's throughout) lose against the top level over the prompt's work, a
+        lower bound of the default's: each level's progress per ns from the plan's
+        template, made faster by the tube, and a level below the lowest the decode has
+        run at taken as fast as that one (its time there is not measured, and a lower
+        clock is never faster); none while the model
+        is not trusted for the default's bound (``BOUND_TRUST_TUBE``). A prompt that ramps
+        in the default runs on a plan solved against that slower time instead of
+        either following the envelope (all its ramp spent, none of its slack) or the
+        top level's plan (its slack spent, none of its ramp): sim mali-g76, gemma, the
+        prompts of 11-33 tokens ran 25-48% under the default's time. Inline at the
+        prompt's DECODE_BEGIN: a walk over the envelope's few steps."""
+        got = self._prompt_plan_for(int(n_tokens))
+        env = self._prompt_env
+        if got is None or not got.ramped or env is None or self.slack <= 0:
+            return None
+        if not self._bound_trusted():  # the ramp is timed by the model
+            return None
+        scale = max(int(n_tokens), 1) / max(got.tokens, 1)
+        level_ns = np.asarray(got.tpl.graph_ns, dtype=np.float64)
+        top_ns = float(level_ns[self.top]) * scale
+        r = self.rel_err.estimate().upper_ns
+        pace = np.minimum(1.0, (1.0 + r) * float(level_ns[self.top]) / np.maximum(level_ns, 1.0))
+        seen = self._lowest_seen.get("decode", self.top) if self.clock_coupled else self.top
+        pace[:seen] = pace[seen]  # a lower clock is never faster
+        ramp_ns, work_ns = 0.0, top_ns  # work left, in top-level ns
+        for (t, lv), (t_next, _) in itertools.pairwise(env):
+            if lv >= self.top or work_ns <= 0:
+                break
+            dur = min(max(0.0, t_next - max(t, t_ns)), work_ns / float(pace[lv]))
+            ramp_ns += dur * (1.0 - float(pace[lv]))
+            work_ns -= dur * float(pace[lv])
+        share = ramp_ns / max(top_ns, 1.0)
+        fit = [plan for q, plan in got.ramped if q <= share]
+        if not fit:
+            return None
+        # only where it is cheaper than the envelope, both priced as the planner prices
+        # (a level not run yet at its worst case): on generated simple_ondemand GPUs a
+        # short prompt's plan, its low levels unseen, ran high where the envelope runs
+        # low (seed 34: -88% -> -184% saving at 5%, the prompts 33% under the default)
+        safe_j = np.asarray(got.tpl.safe[1], dtype=np.float64)  # CautiousTables.energy_j
+        env_j, work_ns = 0.0, top_ns
+        for (t, lv), (t_next, _) in itertools.pairwise(env):
+            if lv >= self.top or work_ns <= 0:
+                break
+            done = min(max(0.0, t_next - max(t, t_ns)) * float(pace[lv]), work_ns)
+            env_j += done / top_ns * float(safe_j[lv])
+            work_ns -= done
+        env_j += max(work_ns, 0.0) / top_ns * float(safe_j[self.top])
+        return fit[-1] if fit[-1].energy_j < env_j else None
+
     def _envelope_plan(self, t_ns: int) -> Plan:
         """Follow the prompt's envelope (:meth:`_prompt_envelope`) from ``t_ns``: each
         raise issued one switch latency before the bound's level can rise."""
@@ -1705,13 +1803,15 @@ class TubeMPC:
         one)."""
         return d_lo >= DROP_SWITCHES * self.switch_latency_ns and stalls.n > 0
 
-    def _prefill_plan(self, n_tokens: int, t_ns: int) -> Plan | None:
+    def _prefill_plan(
+        self, n_tokens: int, t_ns: int, chosen: _PromptPlan | None = None
+    ) -> Plan | None:
         """The plan of a prompt graph about to run (inline at its DECODE_BEGIN): the
         plan made ahead for its length (:meth:`_prompt_plan_for`), timed again at this
         prompt's own (:meth:`_retimed`; the last prompt's own plan is scaled); none (the
         request's level holds) when there is none, or when this request's prompt has
         already fallen behind its reference (a later chunk of a long prompt)."""
-        got = self._prompt_plan_for(int(n_tokens))
+        got = self._prompt_plan_for(int(n_tokens)) if chosen is None else chosen
         first_chunk, self._prompt_first_chunk = self._prompt_first_chunk, False
         if not first_chunk and self._acc["prefill"][0] > 0:
             # a later chunk of a prompt already behind its reference: the top level
@@ -1723,7 +1823,8 @@ class TubeMPC:
             return self._top_plan(t_ns)
         if got is None:
             return None
-        tpl, tokens, sw, first, predicted, margin, _, aid = got
+        tpl, tokens, sw, first = got.tpl, got.tokens, got.switches, got.first
+        predicted, margin, aid = got.predicted_ns, got.margin_ns, got.aid
         scale = max(int(n_tokens), 1) / tokens
         per = _ubatches(n_tokens, aid.model.ubatch) if aid is not None else []
         if scale != 1.0 and aid is not None and len(per) * len(aid.model.launch) == tpl.n:
