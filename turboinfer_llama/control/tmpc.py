@@ -252,6 +252,10 @@ PROMPT_FAR, PROMPT_TOL = 4, 0.05
 # Prompt plans are made ahead for a default that much slower by these shares of the
 # top-level time; a prompt takes the largest its own ramp covers (``_ramped_plan``)
 PROMPT_RAMP_STEPS = tuple(0.01 * 1.5**k for k in range(11))  # 1% to 58%
+# a wholly busy prompt has the default at the top level within this many polls (the
+# first poll's window may hold the idle time before it): no larger share of ramp is
+# planned for a prompt length than one this long would give
+PROMPT_RAMP_POLLS = 3
 # tokens per micro-batch a longer prompt is split into (llama.cpp's default n_ubatch),
 # until a prompt graph of several shows another
 UBATCH_TOKENS = 512
@@ -1513,16 +1517,27 @@ class TubeMPC:
             self._ubatch,
         )  # fmt: skip
         plans: dict[int, _PromptPlan] = {}
-        for tokens in _prompt_lengths(aff.ubatch):
+        lengths = _prompt_lengths(aff.ubatch)
+        bound = self._default_bound
+        # the longest ramp there can be: the envelope is at the top once a poll has seen
+        # a wholly busy window (``PROMPT_RAMP_POLLS``)
+        ramp_max_ns = PROMPT_RAMP_POLLS * bound.poll_ns + self.switch_latency_ns if bound else 0.0
+        for k, tokens in enumerate(lengths):
             tpl = self._prompt_template(aff, _ubatches(tokens, aff.ubatch))
             ct = CautiousTables(*tpl.safe)
             got = self._solve_prompt(tpl, ct, tokens)
             if got is None:
                 continue
             ramped: list[tuple[float, _PromptPlan]] = []
-            if self._default_bound is not None and self.slack > 0:
+            if bound is not None and self.slack > 0:
                 last = got.blocks
+                # the shortest prompt that takes this plan: its top-level time, scaled
+                # by tokens (a shorter prompt's own is longer: its weights' time stays)
+                shortest = lengths[k - 1] + 1 if k else 1
+                top_short = float(ct.graph_ns[self.top]) * shortest / tokens
                 for q in PROMPT_RAMP_STEPS:
+                    if q * top_short > ramp_max_ns:
+                        break  # no prompt that takes this plan ramps that long
                     more = self._solve_prompt(tpl, ct, tokens, ramp=q, unless=last)
                     if more is None:
                         continue  # none, or the same plan as the smaller share's
