@@ -1695,14 +1695,35 @@ class TubeMPC:
         level_ns = np.asarray(got.tpl.graph_ns, dtype=np.float64)
         top_ns = float(level_ns[self.top]) * scale
         pace = float(level_ns[self.top]) / np.maximum(level_ns, 1.0)  # progress per ns
-        ramp_ns, work_ns = 0.0, top_ns  # work left, in top-level ns
+        ramp_ns, _ = self._walk_envelope(env, t_ns, pace, top_ns)
+        return got.predicted_ns * scale - top_ns > ramp_ns
+
+    def _walk_envelope(
+        self,
+        env: list[tuple[int, int]],
+        t_ns: int,
+        pace: np.ndarray,
+        top_ns: float,
+        level_j: np.ndarray | None = None,
+    ) -> tuple[float, float]:
+        """A prompt of ``top_ns`` of top-level work beginning at ``t_ns`` on the envelope
+        ``env``, each level progressing ``pace`` top-level ns per ns: the time its
+        levels lose against the top level (its ramp), and, with ``level_j`` (the whole
+        prompt's energy at each level), its energy (each level's share of the work at
+        that level's energy; the rest at the top)."""
+        ramp_ns, energy_j, work_ns = 0.0, 0.0, top_ns  # work left, in top-level ns
         for (t, lv), (t_next, _) in itertools.pairwise(env):
             if lv >= self.top or work_ns <= 0:
                 break
             dur = min(max(0.0, t_next - max(t, t_ns)), work_ns / float(pace[lv]))
-            ramp_ns += dur * (1.0 - float(pace[lv]))
-            work_ns -= dur * float(pace[lv])
-        return got.predicted_ns * scale - top_ns > ramp_ns
+            done = dur * float(pace[lv])
+            ramp_ns += dur - done
+            work_ns -= done
+            if level_j is not None:
+                energy_j += done / top_ns * float(level_j[lv])
+        if level_j is not None:
+            energy_j += max(work_ns, 0.0) / top_ns * float(level_j[self.top])
+        return ramp_ns, energy_j
 
     def _ramped_plan(self, n_tokens: int, t_ns: int) -> _PromptPlan | None:
         """The plan made ahead for a default slower than the top level by the largest
@@ -1712,8 +1733,8 @@ class TubeMPC:
         lower bound of the default's: each level's progress per ns from the plan's
         template, made faster by the tube, and a level below the lowest the decode has
         run at taken as fast as that one (its time there is not measured, and a lower
-        clock is never faster); none while the model
-        is not trusted for the default's bound (``BOUND_TRUST_TUBE``). A prompt that ramps
+        clock is never faster); none while the model is not trusted for the default's
+        bound (``BOUND_TRUST_TUBE``). A prompt that ramps
         in the default runs on a plan solved against that slower time instead of
         either following the envelope (all its ramp spent, none of its slack) or the
         top level's plan (its slack spent, none of its ramp): sim mali-g76, gemma, the
@@ -1732,31 +1753,15 @@ class TubeMPC:
         pace = np.minimum(1.0, (1.0 + r) * float(level_ns[self.top]) / np.maximum(level_ns, 1.0))
         seen = self._lowest_seen.get("decode", self.top) if self.clock_coupled else self.top
         pace[:seen] = pace[seen]  # a lower clock is never faster
-        ramp_ns, work_ns = 0.0, top_ns  # work left, in top-level ns
-        for (t, lv), (t_next, _) in itertools.pairwise(env):
-            if lv >= self.top or work_ns <= 0:
-                break
-            dur = min(max(0.0, t_next - max(t, t_ns)), work_ns / float(pace[lv]))
-            ramp_ns += dur * (1.0 - float(pace[lv]))
-            work_ns -= dur * float(pace[lv])
-        share = ramp_ns / max(top_ns, 1.0)
-        fit = [plan for q, plan in got.ramped if q <= share]
-        if not fit:
-            return None
         # only where it is cheaper than the envelope, both priced as the planner prices
         # (a level not run yet at its worst case): on generated simple_ondemand GPUs a
         # short prompt's plan, its low levels unseen, ran high where the envelope runs
         # low (seed 34: -88% -> -184% saving at 5%, the prompts 33% under the default)
         safe_j = np.asarray(got.tpl.safe[1], dtype=np.float64)  # CautiousTables.energy_j
-        env_j, work_ns = 0.0, top_ns
-        for (t, lv), (t_next, _) in itertools.pairwise(env):
-            if lv >= self.top or work_ns <= 0:
-                break
-            done = min(max(0.0, t_next - max(t, t_ns)) * float(pace[lv]), work_ns)
-            env_j += done / top_ns * float(safe_j[lv])
-            work_ns -= done
-        env_j += max(work_ns, 0.0) / top_ns * float(safe_j[self.top])
-        return fit[-1] if fit[-1].energy_j < env_j else None
+        ramp_ns, env_j = self._walk_envelope(env, t_ns, pace, top_ns, safe_j)
+        share = ramp_ns / max(top_ns, 1.0)
+        fit = [plan for q, plan in got.ramped if q <= share]
+        return fit[-1] if fit and fit[-1].energy_j < env_j else None
 
     def _envelope_plan(self, t_ns: int) -> Plan:
         """Follow the prompt's envelope (:meth:`_prompt_envelope`) from ``t_ns``: each
