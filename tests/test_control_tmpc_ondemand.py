@@ -318,3 +318,41 @@ def test_tmpc_follows_that_envelope_and_keeps_the_budget(monkeypatch):
     assert on.ttft_ms > off.ttft_ms
     assert on.ttft_ms <= base.ttft_ms * (1 + slack + 0.002)
     assert on.tpot_ms <= base.tpot_ms * (1 + slack + 0.002)
+
+
+@pytest.mark.parametrize("profile", ["mali-g76", "generic"])
+def test_no_prompt_ramps_longer_than_the_ramped_plans_are_made_for(profile, monkeypatch):
+    """The ramped prompt plans are made only for shares of ramp a prompt of their length
+    can have: a wholly busy prompt has the default at the top within
+    ``PROMPT_RAMP_POLLS`` polls, so its ramp (as ``_ramped_plan`` times it) is at most
+    that many polls and a switch latency. Checked on prompts after idle gaps of several
+    polls, short and long: no prompt's ramp exceeds it (were the assumption wrong, a
+    prompt would be denied a share it covers: less saving, never a broken budget)."""
+    from turboinfer_llama.control import tmpc as tmpc_mod
+
+    prof = load_profile(profile)
+    trace = make_trace(
+        requests=4, decode_tokens=16, prompt_tokens=[16, 968, 24, 300], sample_ms=1.5,
+        idle_ms=400, seed=4,
+    )  # fmt: skip
+    ramps_ns: list[float] = []
+    walk = tmpc_mod.TubeMPC._walk_envelope
+
+    def spy(self, env, t_ns, pace, top_ns, level_j=None):
+        got = walk(self, env, t_ns, pace, top_ns, level_j)
+        if level_j is not None:  # the ramped plan's walk
+            ramps_ns.append(got[0])
+        return got
+
+    monkeypatch.setattr(tmpc_mod.TubeMPC, "_walk_envelope", spy)
+    dev = SimGpu(prof)
+    ctl = make_controller("tmpc", latency_slack=0.05, **for_device(dev))
+    replay(trace, ctl, dev, hold=True)
+    bound = ctl._default_bound
+    assert bound is not None
+    longest_ns = tmpc_mod.PROMPT_RAMP_POLLS * bound.poll_ns + ctl.switch_latency_ns
+    assert len(ramps_ns) >= 2  # the prompts after the first, each after an idle gap
+    assert max(ramps_ns) > 0  # they did ramp
+    ms = [round(r / 1e6, 1) for r in ramps_ns]
+    print(f"\n{profile}: ramps {ms} ms, at most {longest_ns / 1e6:.1f} ms")
+    assert max(ramps_ns) <= longest_ns
