@@ -98,8 +98,10 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
     log: list[tuple[int, int]] = []
     inside: dict[str, list[float]] = {k: [] for k in sides}
     between: dict[str, list[float]] = {k: [] for k in sides}
-    # callback ns, decodes, ns inside those decodes
-    self_ns: dict[str, list[int]] = {k: [0, 0, 0] for k in sides}
+    # the callback's own ns, the decodes it ran in, and the ns inside those decodes
+    cb_ns = dict.fromkeys(sides, 0)
+    cb_decodes = dict.fromkeys(sides, 0)
+    cb_inside_ns = dict.fromkeys(sides, 0)
     hooks = {k: _native_hook(llm) for k, llm in sides.items()}
     with _timed_decode(log):
         for llm in sides.values():  # warm-up
@@ -116,9 +118,9 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
                 decode_tokens_per_s(llm, PROMPT, tokens)
                 if hook is not None:
                     hook.set_self_timing(False)
-                    self_ns[name][0] += hook.self_time()[0] - before
-                    self_ns[name][1] += len(log)
-                    self_ns[name][2] += sum(b - a for a, b in log)
+                    cb_ns[name] += hook.self_time()[0] - before
+                    cb_decodes[name] += len(log)
+                    cb_inside_ns[name] += sum(b - a for a, b in log)
                 calls = log[2:]  # the prompt's and the first token's decode excluded
                 if len(calls) < 3:
                     raise RuntimeError("too few tokens generated to time decoding")
@@ -132,9 +134,9 @@ def between_decodes(sides: dict[str, Any], rounds: int, tokens: int) -> dict[str
             "inside_decode_us": statistics.median(inside[k]),
             "between_decodes_us": statistics.median(between[k]),
         }
-        if self_ns[k][1]:
-            fig["eval_callback_us"] = self_ns[k][0] / self_ns[k][1] / 1e3
-            fig["eval_callback_share_of_decode"] = self_ns[k][0] / max(self_ns[k][2], 1)
+        if cb_decodes[k]:
+            fig["eval_callback_us"] = cb_ns[k] / cb_decodes[k] / 1e3
+            fig["eval_callback_share_of_decode"] = cb_ns[k] / max(cb_inside_ns[k], 1)
         if hooks[k] is not None:
             # asks told a repeat by address (a graph llama.cpp reused), by key, recorded
             fig["compact_asks"] = hooks[k].compact_stats()

@@ -368,23 +368,13 @@ def main(argv: list[str] | None = None) -> int:
                 label, cmd = cmds[name]
                 started[name] = Server(label, cmd)
                 servers.append(started[name])
-            old = sides
-            sides = {
-                name: Side(
-                    name, started[name], httpx.Client(base_url=started[name].url, timeout=600)
-                )
-                for name in ("ours", "theirs")
-            }
-            for name, side in sides.items():  # figures carry over from the last pair
-                if name in old:
-                    o = old[name]
-                    o.http.close()
-                    side.tokens, side.lat_ms, side.ttft_ms, side.tps = (
-                        o.tokens,
-                        o.lat_ms,
-                        o.ttft_ms,
-                        o.tps,
-                    )
+            for name in ("ours", "theirs"):  # the figures stay on the sides
+                srv, side = started[name], sides.get(name)
+                if side is None:
+                    sides[name] = Side(name, srv, httpx.Client(base_url=srv.url, timeout=600))
+                else:
+                    side.http.close()
+                    side.server, side.http = srv, httpx.Client(base_url=srv.url, timeout=600)
             ours, theirs = sides["ours"], sides["theirs"]
             if block == 0:
                 power = ours.http.get("/v1/power").json()

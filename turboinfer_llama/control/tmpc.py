@@ -1757,7 +1757,7 @@ class TubeMPC:
         # (a level not run yet at its worst case): on generated simple_ondemand GPUs a
         # short prompt's plan, its low levels unseen, ran high where the envelope runs
         # low (seed 34: -88% -> -184% saving at 5%, the prompts 33% under the default)
-        safe_j = np.asarray(got.tpl.safe[1], dtype=np.float64)  # CautiousTables.energy_j
+        safe_j = np.asarray(CautiousTables(*got.tpl.safe).energy_j, dtype=np.float64)
         ramp_ns, env_j = self._walk_envelope(env, t_ns, pace, top_ns, safe_j)
         share = ramp_ns / max(top_ns, 1.0)
         fit = [plan for q, plan in got.ramped if q <= share]
