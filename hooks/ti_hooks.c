@@ -12,6 +12,7 @@
 #include "ti_exec.h"
 
 #include <errno.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,21 @@ struct ti_hook {
 	 * ti_hook_set_executor (release), read by the producer (acquire).
 	 */
 	_Atomic(struct ti_exec *) exec;
+
+	/*
+	 * The planner's wake-up (ti_hook_wait_wake). wake_armed: stored non-zero between
+	 * decodes by the engine thread (at ti_hook_wake_flag's address), exchanged to 0 by
+	 * the producer at its next ask, which then posts wake_sem: the planner starts
+	 * inside llama_decode, where the GIL is free, and the engine thread makes no system
+	 * call for it. wake_sem: posted by the producer or by ti_hook_post_wake (any
+	 * thread), waited on by one consumer; the caller keeps ti_hook_destroy after every
+	 * wait has returned. wake_posts, wake_errors: the producer's posts and failed
+	 * posts (written by the producer, relaxed; read by anyone).
+	 */
+	_Atomic int32_t wake_armed;
+	sem_t wake_sem;
+	_Atomic uint64_t wake_posts;
+	_Atomic uint64_t wake_errors;
 };
 
 static int64_t ti_now_ns(void)
@@ -471,6 +487,11 @@ TI_API bool ti_hook_eval(void *tensor, bool ask, void *user_data)
 	    atomic_load_explicit(&h->disabled, memory_order_relaxed))
 		return !ask;
 
+	if (ask && atomic_load_explicit(&h->wake_armed, memory_order_relaxed) != 0 &&
+	    atomic_exchange_explicit(&h->wake_armed, 0, memory_order_relaxed) != 0)
+		atomic_fetch_add_explicit(sem_post(&h->wake_sem) == 0 ? &h->wake_posts
+								  : &h->wake_errors,
+					  1, memory_order_relaxed);
 	t_ns = ti_now_ns();
 	ex = atomic_load_explicit(&h->exec, memory_order_acquire);
 	if (ask && atomic_load_explicit(&h->compact, memory_order_relaxed)) {
@@ -534,6 +555,10 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	ring = calloc(cfg->capacity, sizeof(*ring));
 	if (ring == NULL)
 		goto fail_hook;
+	if (sem_init(&h->wake_sem, 0, 0) != 0) {
+		err = -errno;
+		goto fail_ring;
+	}
 
 	h->ring = ring;
 	h->capacity = cfg->capacity;
@@ -552,9 +577,14 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	atomic_init(&h->self_timing, false);
 	atomic_init(&h->self_ns, 0);
 	atomic_init(&h->self_calls, 0);
+	atomic_init(&h->wake_armed, 0);
+	atomic_init(&h->wake_posts, 0);
+	atomic_init(&h->wake_errors, 0);
 	*out = h;
 	return 0;
 
+fail_ring:
+	free(ring);
 fail_hook:
 	free(h);
 fail:
@@ -565,6 +595,7 @@ TI_API void ti_hook_destroy(struct ti_hook *h)
 {
 	if (h == NULL)
 		return;
+	(void)sem_destroy(&h->wake_sem); /* fails only for an invalid semaphore */
 	free(h->tpl_ptr);
 	free(h->t_rep);
 	free(h->key);
@@ -593,6 +624,52 @@ TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h)
 	return seq;
 }
 
+TI_API void *ti_hook_wake_flag(struct ti_hook *h)
+{
+	return h == NULL ? NULL : &h->wake_armed;
+}
+
+TI_API int ti_hook_post_wake(struct ti_hook *h)
+{
+	if (h == NULL)
+		return -EINVAL;
+	return sem_post(&h->wake_sem) == 0 ? 0 : -errno;
+}
+
+TI_API int ti_hook_wait_wake(struct ti_hook *h, int64_t timeout_ns)
+{
+	struct timespec until;
+	int rc;
+
+	if (h == NULL || timeout_ns < 0)
+		return -EINVAL;
+	if (clock_gettime(CLOCK_REALTIME, &until) != 0)
+		return -errno;
+	until.tv_sec += (time_t)(timeout_ns / 1000000000);
+	until.tv_nsec += (long)(timeout_ns % 1000000000);
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec += 1;
+		until.tv_nsec -= 1000000000L;
+	}
+	do
+		rc = sem_timedwait(&h->wake_sem, &until);
+	while (rc != 0 && errno == EINTR);
+	if (rc != 0)
+		return errno == ETIMEDOUT ? 1 : -errno;
+	/* one wake however many posts came meanwhile: the consumer takes all work then */
+	while (sem_trywait(&h->wake_sem) == 0)
+		;
+	return 0;
+}
+
+TI_API void ti_hook_wake_stats(const struct ti_hook *h, uint64_t out[2])
+{
+	if (out == NULL)
+		return;
+	out[0] = h == NULL ? 0 : atomic_load_explicit(&h->wake_posts, memory_order_relaxed);
+	out[1] = h == NULL ? 0 : atomic_load_explicit(&h->wake_errors, memory_order_relaxed);
+}
+
 TI_API void ti_hook_set_executor(struct ti_hook *h, struct ti_exec *ex)
 {
 	if (h != NULL)
@@ -618,6 +695,14 @@ TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t
 	memcpy(out + run, h->ring, (n - run) * sizeof(*out));
 	atomic_store_explicit(&h->tail, tail + n, memory_order_release);
 	return (uint32_t)n;
+}
+
+TI_API void ti_hook_index_addrs(const struct ti_hook *h, const void **head, const void **tail)
+{
+	if (head != NULL)
+		*head = h == NULL ? NULL : (const void *)&h->head;
+	if (tail != NULL)
+		*tail = h == NULL ? NULL : (const void *)&h->tail;
 }
 
 TI_API uint32_t ti_hook_pending(const struct ti_hook *h)

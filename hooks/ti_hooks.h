@@ -100,6 +100,12 @@ TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t
 /* Records waiting in the ring (produced, not yet drained). */
 TI_API uint32_t ti_hook_pending(const struct ti_hook *h);
 /*
+ * The addresses of the ring's free-running head and tail (uint64, 8-byte aligned), for
+ * a consumer that peeks at "anything pending?" between decodes without a call (the
+ * producer is idle then); drains still go through ti_hook_drain.
+ */
+TI_API void ti_hook_index_addrs(const struct ti_hook *h, const void **head, const void **tail);
+/*
  * The engine's drain at a graph's end when it repeats the last one: if exactly n
  * records wait, all of graph `graph`, and record i equals tpl[i] in every byte but
  * t_ns and graph (the same node, shape, op, name and phase), copies their t_ns to
@@ -190,6 +196,21 @@ TI_API void ti_hook_disable(struct ti_hook *h);
  */
 TI_API void ti_hook_set_self_timing(struct ti_hook *h, bool on);
 TI_API int64_t ti_hook_self_ns(const struct ti_hook *h, uint64_t *calls);
+
+/*
+ * The planner's wake-up, posted from inside llama_decode: a consumer thread blocks in
+ * ti_hook_wait_wake; the engine thread arms the wake between decodes with a plain
+ * store of 1 to the int32 at ti_hook_wake_flag(h) (no call, no system call), and the
+ * callback's next ask posts it. ti_hook_post_wake posts it from any thread (to stop
+ * or hurry the consumer). ti_hook_wait_wake: 0 when woken (the posts that came
+ * meanwhile are taken with it), 1 after timeout_ns without a post, -errno on failure.
+ * Every wait must have returned before ti_hook_destroy. ti_hook_wake_stats: out[0]
+ * the callback's posts so far, out[1] those that failed.
+ */
+TI_API void *ti_hook_wake_flag(struct ti_hook *h);
+TI_API int ti_hook_post_wake(struct ti_hook *h);
+TI_API int ti_hook_wait_wake(struct ti_hook *h, int64_t timeout_ns);
+TI_API void ti_hook_wake_stats(const struct ti_hook *h, uint64_t out[2]);
 
 struct ti_exec;
 /*

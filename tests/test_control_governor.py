@@ -63,6 +63,7 @@ class Scripted:
     """Raises at every graph start; drops at graph end and plans a raise 1 ms later."""
 
     name = "scripted"
+    event_kinds = frozenset(EventKind)
 
     def __init__(self):
         self._plan = []
@@ -158,6 +159,7 @@ class Learner:
     """A planning controller that only notes which graphs reached its ``on_graph``."""
 
     name = "learner"
+    event_kinds = frozenset(EventKind)
 
     def __init__(self):
         self.graphs = []

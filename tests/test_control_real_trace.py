@@ -24,6 +24,7 @@ def segments(gemma_10tok_segments):
 class _Recorder:
     name = "recorder"
     uses_device_governor = True
+    event_kinds = frozenset(EventKind)  # every event replay makes
 
     def __init__(self):
         self.events = []

@@ -185,3 +185,55 @@ def test_the_native_callback_times_itself_only_while_asked() -> None:
         lib.ggml_free(ctx)
     with pytest.raises(hooks.HookError):
         hook.self_time()
+
+
+def test_the_native_wake_is_posted_by_the_next_ask_once_armed() -> None:
+    """The planner's wake: armed by one store between decodes, posted by the callback's
+    next ask (inside llama_decode), taken once however many posts came."""
+    if not hooks.NATIVE_AVAILABLE:
+        pytest.skip("native hooks not built")
+    lib, ctx = _ggml_context(4)
+    hook = hooks.make_hook("graph", 64, native=True)
+    assert isinstance(hook, hooks.NativeHook)
+    try:
+        t = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 1, 1, 1)
+        flag = hook.wake_flag()
+        hook.begin_graph()
+        hook.cb_eval(t, True, hook.user_data)
+        assert hook.wait_wake(0.0) is False  # not armed: nothing posted
+        flag.value = 1
+        assert hook.wait_wake(0.0) is False  # armed, but no ask yet
+        hook.cb_eval(t, True, hook.user_data)
+        assert flag.value == 0  # taken by the ask
+        hook.cb_eval(t, True, hook.user_data)  # not armed again: no second post
+        assert hook.wake_stats() == {"posted": 1, "failed": 0}
+        assert hook.wait_wake(0.0) is True
+        assert hook.wait_wake(0.0) is False
+        assert hook.post_wake() and hook.post_wake()
+        assert hook.wait_wake(0.0) is True  # both posts in one wake
+        assert hook.wait_wake(0.0) is False
+        assert len(hook.drain_raw()) == 3  # the wake changes no record
+    finally:
+        hook.close()
+        lib.ggml_free(ctx)
+
+
+def test_closing_the_native_hook_releases_a_waiting_planner() -> None:
+    """close() frees the hook only after a thread blocked in wait_wake has left it;
+    later waits and posts answer at once that the hook is closed."""
+    import threading
+
+    if not hooks.NATIVE_AVAILABLE:
+        pytest.skip("native hooks not built")
+    hook = hooks.make_hook("graph", 64, native=True)
+    assert isinstance(hook, hooks.NativeHook)
+    got: list[bool | None] = []
+    waiter = threading.Thread(target=lambda: got.append(hook.wait_wake(60.0)))
+    waiter.start()
+    while not hook._waiting and waiter.is_alive():
+        threading.Event().wait(0.001)
+    hook.close()
+    waiter.join(timeout=10.0)
+    assert not waiter.is_alive() and got == [True]  # woken by close's post
+    assert hook.wait_wake(60.0) is None
+    assert hook.post_wake() is False

@@ -66,6 +66,14 @@ def test_the_planner_sees_every_graph_and_plans_the_next(tiny_gguf, native_hooks
         llm.close()
     assert live["graphs_planned"] == decodes
     assert live["executor"]["native"] is native_hooks
+    # with the native hook the eval callback woke the planner for the held graphs, from
+    # inside the next decode; without it the engine thread did, before that decode
+    wake = live["planner_wake"]
+    if native_hooks:
+        assert wake["by"] == "eval callback" and wake["failed"] == 0
+        assert live["plan_holds"]["held"] > 0 and wake["posted"] > 0
+    else:
+        assert wake == {"by": "engine thread"}
     assert live["executor"]["plans_set" if native_hooks else "applied"] > 0
 
 

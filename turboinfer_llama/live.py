@@ -104,17 +104,14 @@ class _EngineCalls:
     def compute_begin(self) -> None:
         self._governor.compute_begin()
 
-    def compute_done(self) -> None:
-        self._governor.compute_done()
-
     def entering_decode(self, n_tokens: int) -> None:
         self._governor.entering_decode(n_tokens)
 
     def engine_idle(self) -> None:
         self._governor.engine_idle()
 
-    def graph_end(self) -> None:
-        self._governor.graph_end()
+    def graph_end(self) -> int:
+        return self._governor.graph_end()
 
     def on_decode_end(self, raw: Any, **kw: Any) -> None:
         self._governor.on_decode_end(raw, **kw)
@@ -474,6 +471,8 @@ class SimulatedAccount(_EngineCalls):
                 "graph_plan_us_median": loop["graph_plan_us_median"],
                 "graph_plan_cpu_us_median": loop["graph_plan_cpu_us_median"],
                 "graph_cpu_us": loop["graph_cpu_us"],
+                "plan_holds": loop["plan_holds"],
+                "planner_wake": loop["planner_wake"],
                 "feedback": loop["feedback"],
                 "executor": loop["executor"],
                 "actuation": "recorded (simulated device): switches are logged, not applied",

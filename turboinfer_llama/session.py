@@ -217,10 +217,13 @@ class PowerSession:
             self._wake.set()
 
     def emit(self, kind: EventKind, t_ns: int | None = None, **fields: Any) -> Event:
+        """Record an event; the live loop gets the kinds it takes (``event_kinds``:
+        its controller's, ``control.base``)."""
         event = Event(kind, now_ns() if t_ns is None else t_ns, **fields)
         self._push(event)
-        if self._loop is not None:
-            self._loop.on_event(event)
+        loop = self._loop
+        if loop is not None and kind in loop.event_kinds:
+            loop.on_event(event)
         return event
 
     def _drain(self, graph: int | None = None) -> Any:
@@ -240,7 +243,8 @@ class PowerSession:
             return
         # Records produced outside eval (e.g. embeddings call llama_decode directly)
         # belong to no graph of ours; the timeline keeps but does not segment them.
-        self._drain()
+        if self._hook.has_pending():
+            self._drain()
         self._graph = self._hook.begin_graph()
         if self._loop is not None:
             self._loop.on_decode_begin(self._graph)
@@ -263,19 +267,17 @@ class PowerSession:
     def on_decode_end(self) -> None:
         if self._hook is None:
             return
-        if self._loop is not None:  # the clock stand-in's wait, when on (tests only)
-            self._loop.compute_done()
-        # the decode ended now, where the executor's end-of-graph switch lands: the
-        # drain below may wait for the GIL (the planner holds it) for milliseconds,
-        # which belongs to the stall after the graph, not to its kernels
-        t_end = now_ns()
-        if self._loop is not None:  # first: the executor's end-of-graph switch
-            self._loop.graph_end()
+        # the decode ended now, where the executor's end-of-graph switch lands (first,
+        # after the clock stand-in's wait in tests): the drain below may wait for the
+        # GIL (the planner holds it) for milliseconds, which belongs to the stall after
+        # the graph, not to its kernels
+        loop = self._loop
+        t_end = now_ns() if loop is None else loop.graph_end()
         raw = self._drain(self._graph)
         ev = self.emit(EventKind.DECODE_END, t_end, graph=self._graph)
-        if self._loop is not None:
+        if loop is not None:
             t_begin, n_tokens = self._decode_begin
-            self._loop.on_decode_end(
+            loop.on_decode_end(
                 raw,
                 graph=self._graph,
                 n_tokens=n_tokens,

@@ -47,6 +47,7 @@ class Switcher:
 
     name = "switcher"
     uses_device_governor = False
+    event_kinds = frozenset(EventKind)
 
     def __init__(self, levels_hz: list[int]) -> None:
         self.hi, self.lo = max(levels_hz), min(levels_hz)

@@ -29,20 +29,19 @@ def _llama(model: Path, node: Path) -> Llama:
 
 
 def _generate(llm: Llama, inject, at: int) -> int:
-    """Generate TOKENS tokens (EOS banned); ``inject`` runs inside the engine's event
-    stream after token ``at``. Returns the tokens generated."""
-    loop = llm.power._real.engine  # the live loop the session calls on the engine thread
-    on_event = loop.on_event
+    """Generate TOKENS tokens (EOS banned); ``inject`` runs on the engine thread after
+    token ``at`` (the session's per-token call). Returns the tokens generated."""
+    session = llm.power
+    on_token = session.on_token
     seen = [0]
 
-    def spy(event) -> None:
-        on_event(event)
-        if event.kind.value == "token":
-            seen[0] += 1
-            if seen[0] == at:
-                inject()
+    def spy(index: int) -> None:
+        on_token(index)
+        seen[0] += 1
+        if seen[0] == at:
+            inject()
 
-    loop.on_event = spy
+    session.on_token = spy  # type: ignore[method-assign]
     before = llm.power.stats()["tokens"]
     out = llm.create_completion(
         "hello world",

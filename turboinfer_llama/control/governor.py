@@ -109,6 +109,18 @@ class Governor:
         self._on_counters = getattr(controller, "on_counters", None)
         self._on_graph = getattr(controller, "on_graph", None)
         self._on_applied = getattr(controller, "on_applied", None)
+        # counters read at each decode's end on the engine thread (no on_graph to
+        # take them with the graph's records)
+        self._counters_inline = self._on_counters is not None and self._on_graph is None
+        # the kinds on_event handles: the controller's (control.base), the request
+        # boundaries (a plan solved across one is dropped) and, for inline counters,
+        # each decode's end
+        self._ctl_kinds = frozenset(controller.event_kinds)
+        self.event_kinds = (
+            self._ctl_kinds
+            | frozenset(_BOUNDARIES)
+            | ({EventKind.DECODE_END} if self._counters_inline else set())
+        )
         self.levels_hz = sorted(int(h) for h in device.frequencies_hz())
         self.executor: LiveExecutor | None = None
         self.failed = False
@@ -146,7 +158,8 @@ class Governor:
         # graphs waiting for the planner (appended by the engine thread, which never
         # wakes the planner at a graph's end: see _work)
         self._pending_graphs: deque[tuple[Any, int, int, int, int, Any]] = deque()
-        self._go = _Wakeup()  # wakes the planner
+        # wakes the planner; through the native hook once bound (bind_hook)
+        self._go: _Wakeup | _HookWakeup = _Wakeup()
         self._worker: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
@@ -204,7 +217,12 @@ class Governor:
 
     def bind_hook(self, hook: Any) -> None:
         """Let the executor see the eval callback's node boundaries (native hook and
-        native executor), so node-keyed plans can run; otherwise plans are time-keyed."""
+        native executor), so node-keyed plans can run; otherwise plans are time-keyed.
+        With the native hook, the planner is woken from inside the next one-token
+        ``llama_decode`` (its first node) instead of by the engine thread before it."""
+        if self._worker is not None and hasattr(hook, "wait_wake"):
+            old, self._go = self._go, _HookWakeup(hook)
+            old.set()  # a planner waiting on the old wake moves to the new one
         ex = self.executor
         if ex is not None and ex.attach(hook):
             return
@@ -221,6 +239,9 @@ class Governor:
         for t in (self._thread, self._worker):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout=2.0)
+        if isinstance(self._go, _HookWakeup):  # the hook is freed after us: let it go
+            self._go = _Wakeup()
+            self._go.set()
         self._collect_log()
         with self._lock:
             if self._snapshot is not None and not self.failed:
@@ -243,21 +264,26 @@ class Governor:
         """Handle one engine event on the caller's thread. The controller's
         ``on_event`` runs without waiting for the planner: controllers keep it to
         timestamps and small decisions, and learn in ``on_graph`` (see control/base.py)."""
+        kind = event.kind
+        if kind not in self.event_kinds:
+            return
         with self._lock:
             self.events += 1
-            if event.kind in _BOUNDARIES:
+            if kind in _BOUNDARIES:
                 self._boundary_ns = max(self._boundary_ns, event.t_ns)
             if self.failed:
                 return
             if self._queue:  # nothing is due from an empty queue: no clock read
                 self._apply_due(self._clock())
             steering = self._steering
+        counters = steering and self._counters_inline and kind is EventKind.DECODE_END
+        if counters:
+            self._read_counters()
+        if kind not in self._ctl_kinds:  # a boundary, or a decode's end for counters
+            return
         if not steering:
             self.controller.on_event(event)
             return
-        counters_inline = self._on_counters is not None and self._on_graph is None
-        if counters_inline and event.kind is EventKind.DECODE_END:
-            self._read_counters()
         t0 = time.perf_counter_ns()
         d = self.controller.on_event(event)
         timed = (
@@ -296,7 +322,7 @@ class Governor:
         ``n_threads_batch`` threads, every core by default: there the planner would
         take a core from it (issue 14's TTFT). Its graphs wait for the first decode."""
         if self._pending_graphs and n_tokens <= 1:
-            self._go.set()
+            self._go.arm()
         if self._stall_thread == threading.get_ident():
             # the stall just ended: the part of it the engine spent off the CPU (a
             # sleep, a GPU sync; also time preempted), on the same thread only
@@ -352,15 +378,13 @@ class Governor:
         if self._standin_share is not None and ex is not None and not self.failed:
             ex.standin_begin()
 
-    def compute_done(self) -> None:
-        """Right after ``llama_decode`` returns, before its end is stamped and before
-        ``graph_end``: the clock stand-in's wait, when it is on (tests only)."""
+    def graph_end(self) -> int:
+        """Right after ``llama_decode`` returns: the clock stand-in's wait when it is
+        on (tests only), then the executor's end of graph. Returns the decode's end
+        (ns, after the stand-in's wait), where the end-of-graph switch lands."""
         ex = self.executor
         if self._standin_share is not None and ex is not None and not self.failed:
             ex.standin_wait()
-
-    def graph_end(self) -> None:
-        """Right after ``llama_decode`` returns: the executor's end of graph."""
         t = now_ns()
         if self._stall_t0:
             self._period_ns += (t - self._stall_t0 - self._period_ns) // 4
@@ -371,9 +395,9 @@ class Governor:
             self._stall_cpu0 = time.thread_time_ns()
         else:
             self._stall_thread = None
-        ex = self.executor
         if ex is not None and not self.failed:
             ex.graph_end()
+        return t
 
     def on_decode_end(
         self, raw: Any, *, graph: int, n_tokens: int, t_begin_ns: int, t_end_ns: int
@@ -687,6 +711,9 @@ class Governor:
             },
             "plan_start_wait_us_median": _median_us(self._plan_wait_ns),
             "plan_holds": dict(self.plan_holds),
+            # who wakes the planner for a held graph: the eval callback inside the next
+            # llama_decode (native hook: its posts so far), or the engine thread before it
+            "planner_wake": self._go.stats(),
         }
 
     def _standin_health(self, ex: LiveExecutor | None) -> dict[str, Any] | None:
@@ -719,8 +746,63 @@ class _Wakeup:
         except RuntimeError:  # already set
             pass
 
+    arm = set  # the engine thread, right before llama_decode: wake now
+
     def wait(self) -> None:
         self._lock.acquire()
+
+    def stats(self) -> dict[str, Any]:
+        return {"by": "engine thread"}
+
+
+class _HookWakeup:
+    """The planner's wake through the native hook (``ti_hook_wait_wake``): the engine
+    thread only arms it, one store to an int32 right before ``llama_decode``, and the
+    eval callback posts it at the decode's first node, on the compute thread with the
+    GIL free. Releasing a lock the planner waits on (``_Wakeup``) cost the engine
+    thread a median 42 us between decodes on gemma (a futex wake, after 20 ms of matrix
+    products). ``set`` posts at once (any thread). Once the hook is closing, it falls
+    back to a ``_Wakeup``."""
+
+    __slots__ = ("_fallback", "_flag", "_hook")
+
+    WAIT_S = 1.0  # a bounded wait; the loop waits again
+
+    def __init__(self, hook: Any) -> None:
+        self._hook = hook
+        self._flag = hook.wake_flag()
+        self._fallback: _Wakeup | None = None
+
+    def arm(self) -> None:
+        if self._fallback is None:
+            self._flag.value = 1
+        else:
+            self._fallback.set()
+
+    def set(self) -> None:
+        if self._fallback is not None or not self._hook.post_wake():
+            self._closed().set()
+
+    def wait(self) -> None:
+        while self._fallback is None:
+            woke = self._hook.wait_wake(self.WAIT_S)
+            if woke:
+                return
+            if woke is None:  # closing: nothing will post the hook again
+                break
+        self._closed().wait()
+
+    def stats(self) -> dict[str, Any]:
+        if self._fallback is not None:
+            return {"by": "engine thread"}
+        return {"by": "eval callback", **self._hook.wake_stats()}
+
+    def _closed(self) -> _Wakeup:
+        if self._fallback is None:
+            fallback = _Wakeup()
+            fallback.set()  # a set may have gone to the closing hook: wake once
+            self._fallback = fallback
+        return self._fallback
 
 
 def _median_us(ns: list[int]) -> float | None:

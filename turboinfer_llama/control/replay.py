@@ -16,7 +16,9 @@ kernel gets ``NODE_ASK`` before and ``NODE_DONE`` after it; at ``graph`` granula
 all ``NODE_ASK``s of a graph come at its start (the scheduler's scan), no
 ``NODE_DONE``, and the simulator's host submission cost precedes each kernel.
 ``DECODE_END`` is at the last kernel's end, ``SAMPLE_BEGIN`` right after it, and
-``SAMPLE_END`` + ``TOKEN`` at the end of the sample stall. ``plan(now)`` is polled
+``SAMPLE_END`` + ``TOKEN`` at the end of the sample stall. As live, a controller is
+given the kinds its ``event_kinds`` names only (``control.base``; sample and token
+events to offline controllers only). ``plan(now)`` is polled
 at graph start, graph end, request end and every ``timer_ns`` inside stalls; its
 result replaces the decisions of the previous poll.
 
@@ -138,6 +140,8 @@ class _Runner:
         self.on_graph = getattr(controller, "on_graph", None)
         self.on_applied = getattr(controller, "on_applied", None)
         self.node_events = bool(getattr(controller, "offline", False))
+        # what on_event is given (control.base): live, the governor gives the same
+        self.event_kinds = frozenset(controller.event_kinds)
         self.levels = sorted(int(h) for h in device.frequencies_hz())
         cur = device.current_hz()
         init = self.levels.index(cur) if cur in self.levels else -1
@@ -186,13 +190,16 @@ class _Runner:
             self._queue(self.event_q, res)
 
     def emit(self, kind: EventKind, **kw: Any) -> None:
-        """Deliver one event. A returned decision may have changed the controller's
-        timed plan, so the plan is polled in the same (timed) call."""
+        """Deliver one event, if the controller takes its kind (``event_kinds``, as
+        live). A returned decision may have changed the controller's timed plan, so the
+        plan is polled in the same (timed) call."""
         self.deliver_graphs()
         now = self.dev.now_ns()
-        ev = Event(kind, now, **kw)
         if kind in (EventKind.REQUEST_BEGIN, EventKind.REQUEST_END, EventKind.IDLE):
             self._boundary_ns = now
+        if kind not in self.event_kinds:
+            return
+        ev = Event(kind, now, **kw)
         t0 = time.perf_counter_ns()
         d = self.ctl.on_event(ev)
         plan = self.ctl.plan(now) if isinstance(d, Decision) else None

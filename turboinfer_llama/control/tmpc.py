@@ -411,6 +411,11 @@ class TubeMPC:
 
     name = "tmpc"
     uses_device_governor = False
+    # request boundaries and decode begins (a prompt's plan, the phase); it learns from
+    # graphs (on_graph), not from decode ends
+    event_kinds = frozenset(
+        {EventKind.REQUEST_BEGIN, EventKind.REQUEST_END, EventKind.IDLE, EventKind.DECODE_BEGIN}
+    )
 
     def __init__(
         self,

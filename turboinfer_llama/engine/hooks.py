@@ -28,6 +28,7 @@ import importlib.machinery
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -95,6 +96,11 @@ class EvalHook(Protocol):
 
     def begin_graph(self) -> int:
         """Call right before each llama_decode: graph seq += 1, node index to 0."""
+        ...
+
+    def has_pending(self) -> bool:
+        """Whether records wait in the ring (between decodes: none normally, as each
+        graph's end drains its own; a direct ``llama_decode`` leaves some)."""
         ...
 
     def drain_raw(self) -> Any:
@@ -174,6 +180,7 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_hook_begin_graph", ctypes.c_uint64, [vp]),
             ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
             ("ti_hook_pending", ctypes.c_uint32, [vp]),
+            ("ti_hook_index_addrs", None, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]),
             (
                 "ti_hook_drain_like",
                 ctypes.c_uint32,
@@ -189,6 +196,10 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_hook_flush", None, [vp]),
             ("ti_hook_copy_template", ctypes.c_int64, [vp, vp, ctypes.c_uint32, vp]),
             ("ti_hook_self_ns", ctypes.c_int64, [vp, ctypes.POINTER(ctypes.c_uint64)]),
+            ("ti_hook_wake_flag", vp, [vp]),
+            ("ti_hook_post_wake", ctypes.c_int, [vp]),
+            ("ti_hook_wait_wake", ctypes.c_int, [vp, ctypes.c_int64]),
+            ("ti_hook_wake_stats", None, [vp, vp]),
             ("ti_record_size", ctypes.c_size_t, []),
             ("ti_config_size", ctypes.c_size_t, []),
             ("ti_record_field_offset", ctypes.c_int64, [ctypes.c_char_p]),
@@ -446,6 +457,18 @@ class NativeHook:
         self._handle: int | None = handle.value
         self._overflow_at_close = 0
         self._lock = threading.Lock()  # one consumer at a time; close waits for drain
+        # the planner's wake (wake_flag, wait_wake): waits under way and a close begun,
+        # guarded by _lock; close frees the hook only once every wait has returned
+        self._waiting = 0
+        self._closing = False
+        # the ring's head and tail, read in place by has_pending (no call)
+        head, tail = ctypes.c_void_p(), ctypes.c_void_p()
+        lib.ti_hook_index_addrs(handle, ctypes.byref(head), ctypes.byref(tail))
+        if not head.value or not tail.value:
+            lib.ti_hook_destroy(handle)
+            raise HookError("ti_hook_index_addrs gave no address")
+        self._ring_head = ctypes.c_uint64.from_address(head.value)
+        self._ring_tail = ctypes.c_uint64.from_address(tail.value)
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._buf_addr = self._buf.ctypes.data
         self._empty = np.zeros(0, dtype=RECORD_DTYPE)
@@ -473,6 +496,15 @@ class NativeHook:
         if self._handle is None:
             raise HookError("hook is closed")
         return int(self._held.ti_hook_begin_graph(self._handle))
+
+    def has_pending(self) -> bool:
+        """The ring's head and tail compared in place (two loads, no call): for the
+        engine thread between decodes, when the producer is idle. In compact mode a
+        held repeat is not in the ring; one is held only between a graph's begin and
+        its end (``drain_graph`` takes it)."""
+        if self._handle is None:
+            return False
+        return self._ring_head.value != self._ring_tail.value
 
     def set_compact(self, on: bool) -> None:
         """Compact repeats (``ti_hook_set_compact``, ``graph`` granularity only): a
@@ -724,11 +756,70 @@ class NativeHook:
         if executor is not None:
             executor._attached(self, True)
 
+    # -- the planner's wake, posted from inside llama_decode (ti_hooks.h) ----------
+    def wake_flag(self) -> ctypes.c_int32:
+        """The int32 that arms the wake: store 1 in ``.value`` between decodes (the
+        engine thread; a plain store, no call) and the callback's next ask, inside the
+        next ``llama_decode``, posts the wake that :meth:`wait_wake` waits for. The
+        memory is the hook's: store only while it is open (no decode runs after
+        :meth:`close` anyway)."""
+        with self._lock:
+            if self._handle is None:
+                raise HookError("hook is closed")
+            addr = self._lib.ti_hook_wake_flag(self._handle)
+        return ctypes.c_int32.from_address(addr)
+
+    def post_wake(self) -> bool:
+        """Post the wake now (any thread); False once the hook is closing."""
+        with self._lock:
+            if self._handle is None or self._closing:
+                return False
+            rc = self._lib.ti_hook_post_wake(self._handle)
+        if rc != 0:
+            raise HookError(f"ti_hook_post_wake failed: {os.strerror(-rc)}")
+        return True
+
+    def wait_wake(self, timeout_s: float) -> bool | None:
+        """Block (GIL released) until the wake is posted: True; False after
+        ``timeout_s`` without one; None once the hook is closing (it will not be
+        posted again). One thread waits at a time."""
+        with self._lock:
+            if self._handle is None or self._closing:
+                return None
+            handle = self._handle
+            self._waiting += 1
+        try:
+            rc = self._lib.ti_hook_wait_wake(handle, int(timeout_s * 1e9))
+        finally:
+            with self._lock:
+                self._waiting -= 1
+        if rc < 0:
+            raise HookError(f"ti_hook_wait_wake failed: {os.strerror(-rc)}")
+        return rc == 0
+
+    def wake_stats(self) -> dict[str, int]:
+        """The wakes the callback posted (armed by :meth:`wake_flag`), and failed."""
+        out = (ctypes.c_uint64 * 2)()
+        with self._lock:
+            if self._handle is not None:
+                self._lib.ti_hook_wake_stats(self._handle, out)
+        return {"posted": int(out[0]), "failed": int(out[1])}
+
     def close(self) -> None:
         with self._lock:
             if self._handle is None:
                 return
             self._lib.ti_hook_disable(self._handle)
+            self._closing = True
+        while True:  # a waiter still inside ti_hook_wait_wake: post until it has left
+            with self._lock:
+                if not self._waiting:
+                    break
+                self._lib.ti_hook_post_wake(self._handle)
+            time.sleep(0.001)
+        with self._lock:
+            if self._handle is None:
+                return
             self._overflow_at_close = int(self._lib.ti_hook_overflow(self._handle))
             self._lib.ti_hook_destroy(self._handle)
             self._handle = None
@@ -815,6 +906,9 @@ class PythonHook:
         self._graph += 1
         self._next_node = 0
         return self._graph
+
+    def has_pending(self) -> bool:
+        return bool(self._records)
 
     def drain_raw(self) -> list[tuple[Any, ...]]:
         records = self._records

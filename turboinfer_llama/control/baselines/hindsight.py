@@ -22,7 +22,7 @@ from typing import Any
 from ...accounting import Account, PhoneTrace, Switches, applied_energy, default_shadow, phase_split
 from ...engine.events import Event, EventKind
 from ...engine.segments import Segment
-from ..base import Decision
+from ..base import CONTROLLER_EVENTS, Decision
 
 
 def _within(acc: Account, ref: Account, slack: float) -> tuple[bool, bool]:
@@ -34,6 +34,7 @@ def _within(acc: Account, ref: Account, slack: float) -> tuple[bool, bool]:
 
 class _Hindsight:
     uses_device_governor = False
+    event_kinds = CONTROLLER_EVENTS  # static-best: set at the first event
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class PhaseSplit(_Hindsight):
     """Prefill at one level, decode at another, each the lowest within its budget."""
 
     name = "phase"
+    event_kinds = frozenset({EventKind.PREFILL_BEGIN, EventKind.PREFILL_END})
 
     def _choose(self) -> None:
         ref, top = self.reference, len(self.levels) - 1

@@ -302,6 +302,15 @@ class Oracle:
     name = "oracle"
     offline = True  # reads the whole trace; replay gives it per-node events
     uses_device_governor = False
+    # re-anchored on graph begins, sample begins and asks (offline: replay gives them)
+    event_kinds = frozenset(
+        {
+            EventKind.REQUEST_BEGIN,
+            EventKind.DECODE_BEGIN,
+            EventKind.SAMPLE_BEGIN,
+            EventKind.NODE_ASK,
+        }
+    )
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ _STALL = (EventKind.DECODE_END, EventKind.REQUEST_END, EventKind.IDLE)
 class Reactive:
     name = "reactive"
     uses_device_governor = False
+    event_kinds = frozenset({EventKind.DECODE_BEGIN, *_STALL})
 
     def __init__(
         self, levels_hz: list[int], *, high_hz: int | None = None, low_hz: int | None = None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...engine.events import Event
-from ..base import Decision
+from ...engine.events import Event, EventKind
+from ..base import CONTROLLER_EVENTS, Decision
 
 
 class DefaultGovernor:
@@ -12,6 +12,7 @@ class DefaultGovernor:
 
     name = "default"
     uses_device_governor = True
+    event_kinds: frozenset[EventKind] = frozenset()
 
     def on_event(self, event: Event) -> Decision | None:
         return None
@@ -24,6 +25,7 @@ class Static:
     """One fixed frequency (``max`` is the top level), set at the first event."""
 
     uses_device_governor = False
+    event_kinds = CONTROLLER_EVENTS
 
     def __init__(self, freq_hz: int, name: str | None = None) -> None:
         self.freq_hz = int(freq_hz)

@@ -46,6 +46,16 @@ _BUSY_EDGES = (0.25, 0.5, 0.75)
 class ZttQLearning:
     name = "ztt"
     uses_device_governor = False
+    # its reference's (tmpc's event_kinds) and each step's end
+    event_kinds = frozenset(
+        {
+            EventKind.REQUEST_BEGIN,
+            EventKind.REQUEST_END,
+            EventKind.IDLE,
+            EventKind.DECODE_BEGIN,
+            EventKind.DECODE_END,
+        }
+    )
 
     def __init__(
         self,
