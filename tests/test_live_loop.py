@@ -215,3 +215,26 @@ def test_live_switches_equal_a_replay_of_the_same_run(tmp_path, gemma_gguf):
         # the issue's bar, open (issue 11): on this CPU stand-in graph time does not
         # follow the simulated clock, and tmpc sometimes settles with fewer switches
         pytest.xfail(f"{len(live)} switches for {tokens} tokens over {len(levels)} levels")
+
+
+def test_eager_planning_posts_the_hooks_wake_from_the_engine_thread(tiny_gguf, monkeypatch):
+    """Graphs planned at their end (HOLD_FOR_ENGINE off): the engine thread posts the
+    native hook's wake itself (GIL kept), and every graph is still planned."""
+    from turboinfer_llama.control.governor import Governor
+
+    monkeypatch.setattr(Governor, "HOLD_FOR_ENGINE", False)
+    llm = Llama(
+        model_path=str(tiny_gguf),
+        verbose=False,
+        n_ctx=256,
+        power={"device": "sim", "controller": "tmpc", "native_hooks": True},
+    )
+    try:
+        llm("hello world", max_tokens=12, temperature=0.0)
+        decodes = llm.power.stats()["events"]["decode_begin"]
+        live = llm.power.stats()["energy"]["live"]
+    finally:
+        llm.close()
+    assert live["graphs_planned"] == decodes
+    assert live["plan_holds"]["eager"] > 0
+    assert live["planner_wake"]["by"] == "eval callback"

@@ -245,6 +245,7 @@ def _load_held(lib: ctypes.CDLL | None) -> ctypes.PyDLL | None:
                 [vp, ctypes.c_uint64, vp, ctypes.c_uint32, vp],
             ),
             ("ti_hook_flush", None, [vp]),
+            ("ti_hook_post_wake", ctypes.c_int, [vp]),
             ("ti_hook_copy_template", ctypes.c_int64, [vp, vp, ctypes.c_uint32, vp]),
         ]:
             fn = getattr(held, name)
@@ -770,11 +771,12 @@ class NativeHook:
         return ctypes.c_int32.from_address(addr)
 
     def post_wake(self) -> bool:
-        """Post the wake now (any thread); False once the hook is closing."""
+        """Post the wake now (any thread; the GIL kept: a post never blocks, and a
+        released GIL would go to the planner it wakes); False once the hook is closing."""
         with self._lock:
             if self._handle is None or self._closing:
                 return False
-            rc = self._lib.ti_hook_post_wake(self._handle)
+            rc = self._held.ti_hook_post_wake(self._handle)
         if rc != 0:
             raise HookError(f"ti_hook_post_wake failed: {os.strerror(-rc)}")
         return True
