@@ -14,7 +14,8 @@ on the simulated adreno650 and prints, in microseconds:
   never on the executor's path. Per-graph figures are the thread's CPU time
   (``time.thread_time_ns``): on a shared host, wall time would also count other
   processes' turns on the core;
-* the governor's inline path (``Governor.on_event`` on the same events).
+* the governor's inline path (``Governor.on_event`` on a one-token decode's begin,
+  the per-token event tmpc takes; token and sample marks never reach the loop).
 
 ``--live`` measures the same per-graph figures on the live loop instead: the real
 gemma-3-270m (from PyPI, or ``--gguf``) decoding on this CPU through our ``Llama``, tmpc
@@ -141,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         make_controller("tmpc", **for_device(dev2)), dev2, timer=False, clock=lambda: now[0]
     ).start()
     fast = []
-    for s in trace[:2000]:
+    for i, s in enumerate(trace[:2000]):
         from ..engine.events import Event, EventKind
 
-        ev = Event(EventKind.TOKEN, s.t_ns)
+        # a one-token decode's begin: the per-token event tmpc takes inline (the token
+        # and sample marks never reach the loop: Controller.event_kinds)
+        ev = Event(EventKind.DECODE_BEGIN, s.t_ns, graph=i, n_tokens=1)
         now[0] = s.t_ns
         t0 = time.perf_counter_ns()
         gov.on_event(ev)
