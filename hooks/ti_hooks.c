@@ -135,6 +135,7 @@ struct ti_hook {
 	 */
 	_Atomic int32_t wake_armed;
 	sem_t wake_sem;
+	bool wake_ok; /* sem_init succeeded (not where unnamed semaphores are missing) */
 	_Atomic uint64_t wake_posts;
 	_Atomic uint64_t wake_errors;
 };
@@ -555,10 +556,8 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	ring = calloc(cfg->capacity, sizeof(*ring));
 	if (ring == NULL)
 		goto fail_hook;
-	if (sem_init(&h->wake_sem, 0, 0) != 0) {
-		err = -errno;
-		goto fail_ring;
-	}
+	/* without it the hook works, and its consumer wakes its planner otherwise */
+	h->wake_ok = sem_init(&h->wake_sem, 0, 0) == 0;
 
 	h->ring = ring;
 	h->capacity = cfg->capacity;
@@ -583,8 +582,6 @@ TI_API int ti_hook_create(const struct ti_hook_config *cfg, struct ti_hook **out
 	*out = h;
 	return 0;
 
-fail_ring:
-	free(ring);
 fail_hook:
 	free(h);
 fail:
@@ -595,7 +592,8 @@ TI_API void ti_hook_destroy(struct ti_hook *h)
 {
 	if (h == NULL)
 		return;
-	(void)sem_destroy(&h->wake_sem); /* fails only for an invalid semaphore */
+	if (h->wake_ok)
+		(void)sem_destroy(&h->wake_sem); /* fails only for an invalid semaphore */
 	free(h->tpl_ptr);
 	free(h->t_rep);
 	free(h->key);
@@ -626,13 +624,15 @@ TI_API uint64_t ti_hook_begin_graph(struct ti_hook *h)
 
 TI_API void *ti_hook_wake_flag(struct ti_hook *h)
 {
-	return h == NULL ? NULL : &h->wake_armed;
+	return h == NULL || !h->wake_ok ? NULL : &h->wake_armed;
 }
 
 TI_API int ti_hook_post_wake(struct ti_hook *h)
 {
 	if (h == NULL)
 		return -EINVAL;
+	if (!h->wake_ok)
+		return -ENOSYS;
 	return sem_post(&h->wake_sem) == 0 ? 0 : -errno;
 }
 
@@ -643,6 +643,8 @@ TI_API int ti_hook_wait_wake(struct ti_hook *h, int64_t timeout_ns)
 
 	if (h == NULL || timeout_ns < 0)
 		return -EINVAL;
+	if (!h->wake_ok)
+		return -ENOSYS;
 	if (clock_gettime(CLOCK_REALTIME, &until) != 0)
 		return -errno;
 	until.tv_sec += (time_t)(timeout_ns / 1000000000);

@@ -204,7 +204,9 @@ TI_API int64_t ti_hook_self_ns(const struct ti_hook *h, uint64_t *calls);
  * callback's next ask posts it. ti_hook_post_wake posts it from any thread (to stop
  * or hurry the consumer). ti_hook_wait_wake: 0 when woken (the posts that came
  * meanwhile are taken with it), 1 after timeout_ns without a post, -errno on failure.
- * Every wait must have returned before ti_hook_destroy. ti_hook_wake_stats: out[0]
+ * Every wait must have returned before ti_hook_destroy. Where the platform has no
+ * unnamed semaphores, ti_hook_wake_flag is NULL and the others return -ENOSYS (the
+ * hook works without its wake). ti_hook_wake_stats: out[0]
  * the callback's posts so far, out[1] those that failed.
  */
 TI_API void *ti_hook_wake_flag(struct ti_hook *h);

@@ -238,3 +238,32 @@ def test_eager_planning_posts_the_hooks_wake_from_the_engine_thread(tiny_gguf, m
     assert live["graphs_planned"] == decodes
     assert live["plan_holds"]["eager"] > 0
     assert live["planner_wake"]["by"] == "eval callback"
+
+
+def test_a_native_hook_without_its_wake_leaves_the_wake_to_the_engine_thread(
+    tiny_gguf, monkeypatch
+):
+    """Where the platform has no unnamed semaphores the hook has no wake
+    (``wake_flag`` raises): the planner is woken by the engine thread, as with the
+    Python hook, and every graph is planned."""
+    from turboinfer_llama.engine import hooks
+
+    def no_wake(self):
+        raise hooks.HookError("no unnamed semaphores (test)")
+
+    monkeypatch.setattr(hooks.NativeHook, "wake_flag", no_wake)
+    llm = Llama(
+        model_path=str(tiny_gguf),
+        verbose=False,
+        n_ctx=256,
+        power={"device": "sim", "controller": "tmpc", "native_hooks": True},
+    )
+    try:
+        llm("hello world", max_tokens=12, temperature=0.0)
+        decodes = llm.power.stats()["events"]["decode_begin"]
+        live = llm.power.stats()["energy"]["live"]
+    finally:
+        llm.close()
+    assert live["executor"]["native"] is True
+    assert live["planner_wake"] == {"by": "engine thread"}
+    assert live["graphs_planned"] == decodes

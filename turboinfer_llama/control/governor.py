@@ -40,6 +40,7 @@ from typing import Any
 from .._clock import now_ns
 from ..devices.base import DeviceError, DeviceState, GpuDevice, Unsupported
 from ..engine.events import Event, EventKind
+from ..engine.hooks import HookError
 from .base import Controller, Decision
 from .graph_batch import GraphBatch, NodeCosts, batch_from_records, records_array
 from .live_executor import LiveExecutor, make_executor
@@ -221,8 +222,13 @@ class Governor:
         With the native hook, the planner is woken from inside the next one-token
         ``llama_decode`` (its first node) instead of by the engine thread before it."""
         if self._worker is not None and hasattr(hook, "wait_wake"):
-            old, self._go = self._go, _HookWakeup(hook)
-            old.set()  # a planner waiting on the old wake moves to the new one
+            try:
+                wake = _HookWakeup(hook)
+            except HookError as e:
+                log.info("the planner is woken by the engine thread: %s", e)
+            else:
+                old, self._go = self._go, wake
+                old.set()  # a planner waiting on the old wake moves to the new one
         ex = self.executor
         if ex is not None and ex.attach(hook):
             return

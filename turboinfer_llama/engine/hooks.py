@@ -768,6 +768,8 @@ class NativeHook:
             if self._handle is None:
                 raise HookError("hook is closed")
             addr = self._lib.ti_hook_wake_flag(self._handle)
+        if not addr:
+            raise HookError("the native hook has no wake here (no unnamed semaphores)")
         return ctypes.c_int32.from_address(addr)
 
     def post_wake(self) -> bool:
