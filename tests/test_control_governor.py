@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from turboinfer_llama.control.base import Decision
+from turboinfer_llama.control.base import ControllerDefaults, Decision
 from turboinfer_llama.control.governor import Governor
 from turboinfer_llama.control.plan import Anchor, Plan, Switch
 from turboinfer_llama.devices.base import Capabilities, Counters, DeviceGone, DeviceState
@@ -59,7 +59,7 @@ class FakeGpu:
         pass
 
 
-class Scripted:
+class Scripted(ControllerDefaults):
     """Raises at every graph start; drops at graph end and plans a raise 1 ms later."""
 
     name = "scripted"
@@ -155,7 +155,7 @@ def test_timer_thread_applies_a_decision_due_inside_a_stall():
     assert dev.set_calls[:2] == [LEVELS[0], LEVELS[2]]
 
 
-class Learner:
+class Learner(ControllerDefaults):
     """A planning controller that only notes which graphs reached its ``on_graph``."""
 
     name = "learner"

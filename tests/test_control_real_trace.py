@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from turboinfer_llama.control.base import ControllerDefaults
 from turboinfer_llama.control.compare import compare
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.devices.sim import SimGpu, load_profile
@@ -21,7 +22,7 @@ def segments(gemma_10tok_segments):
     return list(gemma_10tok_segments)
 
 
-class _Recorder:
+class _Recorder(ControllerDefaults):
     name = "recorder"
     uses_device_governor = True
     event_kinds = frozenset(EventKind)  # every event replay makes

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from turboinfer_llama.accounting import phone_segments
+from turboinfer_llama.control.base import ControllerDefaults
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
@@ -37,23 +38,21 @@ def test_replay_is_deterministic_for_a_fixed_seed(trace, name):
     assert a.simulated
 
 
-class Spy:
+class Spy(ControllerDefaults):
     """Wraps a controller; checks every call happens at the virtual instant it names."""
 
     def __init__(self, inner, device):
         self.inner, self.device = inner, device
         self.name = inner.name
-        self.uses_device_governor = getattr(inner, "uses_device_governor", False)
+        self.uses_device_governor = inner.uses_device_governor
         self.event_kinds = inner.event_kinds
         self.last_t = -1
         self.seen = 0
         self.kinds = set()
         self.graphs = 0
-        if hasattr(inner, "on_counters"):
-            self.on_counters = inner.on_counters
-        if hasattr(inner, "on_applied"):
-            self.on_applied = inner.on_applied
-        if hasattr(inner, "on_graph"):
+        self.on_counters = inner.on_counters
+        self.on_applied = inner.on_applied
+        if inner.on_graph is not None:
             self.on_graph = self._on_graph
 
     def _on_graph(self, batch):
@@ -114,7 +113,7 @@ def test_causal_controllers_never_read_an_event_before_it_happens(trace, name):
     assert spy.seen >= 12 * len(per_token)
     assert spy.kinds <= ctl.event_kinds
     n_graphs = len({s.graph for s in trace if s.kind == "kernel"})
-    if hasattr(ctl, "on_graph"):  # and every graph's records, once, after it ended
+    if ctl.on_graph is not None:  # and every graph's records, once, after it ended
         assert spy.graphs == n_graphs
     assert res.tokens == 12
 
@@ -144,11 +143,10 @@ def test_bad_arguments_are_refused(trace):
         replay([], make_controller("max", device_levels_hz=[1]), SimGpu())
 
 
-class Hold:
+class Hold(ControllerDefaults):
     """A controller that never decides: the clock stays where the device starts."""
 
     name = "hold"
-    uses_device_governor = False
     event_kinds: frozenset[EventKind] = frozenset()
 
     def on_event(self, event):

@@ -161,7 +161,7 @@ class SimulatedAccount(_EngineCalls):
         }
         # what the figures are labelled with; never run (the live loop runs its own)
         self.controller = make_controller(settings.controller, **kw)
-        self._device_governs = bool(getattr(self.controller, "uses_device_governor", False))
+        self._device_governs = self.controller.uses_device_governor
         # the loop that runs live: same controller kind, fresh state, switches recorded
         self.loop = Governor(
             make_controller(settings.controller, **kw),

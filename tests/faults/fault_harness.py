@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from turboinfer_llama.control.base import Decision
+from turboinfer_llama.control.base import ControllerDefaults, Decision
 from turboinfer_llama.control.governor import Governor
 from turboinfer_llama.devices.sysfs_io import LocalSysfs, translate_os_error
 from turboinfer_llama.engine.events import Event, EventKind
@@ -41,12 +41,11 @@ class FaultySysfs(LocalSysfs):
         super().write(path, value)
 
 
-class Switcher:
+class Switcher(ControllerDefaults):
     """A controller: the top allowed clock when a graph starts, the bottom one in each
     sample stall; it also takes counter readings after each graph."""
 
     name = "switcher"
-    uses_device_governor = False
     event_kinds = frozenset(EventKind)
 
     def __init__(self, levels_hz: list[int]) -> None:

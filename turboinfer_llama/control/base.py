@@ -13,14 +13,16 @@ and device counters through ``on_counters``). It answers with ``Decision``s
 (switch now, or at a time) or ``Plan``s (switches inside the next graph, executed
 natively without Python). Only offline controllers receive per-node events.
 
-``on_event`` gets the kinds in :data:`CONTROLLER_EVENTS` only: request boundaries,
-prefill boundaries and each decode's begin and end. The per-token marks (``TOKEN``,
+``on_event`` gets the kinds its controller's ``event_kinds`` names, of
+:data:`CONTROLLER_EVENTS`: request boundaries, prefill boundaries and each decode's
+begin and end. The per-token marks (``TOKEN``,
 ``SAMPLE_BEGIN``/``SAMPLE_END``, ``KV_EDIT``) go to the timeline and trace only: no
 controller acts on them, and each cost the engine thread ~5 us between two decodes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,14 +58,37 @@ class Decision:
 
 
 class Controller(Protocol):
+    """What the live loop (``governor.Governor``) and replay call. The optional parts
+    are attributes too, None where a controller has none (``ControllerDefaults`` gives
+    every default): nothing is probed for."""
+
     name: str
     # True: the device's own governor runs (the controller only observes)
     uses_device_governor: bool
+    # True: reads the whole trace (hindsight); replay gives it per-node events
+    offline: bool
     # the event kinds on_event acts on: live and in replay it is given those only
     # (of CONTROLLER_EVENTS; an offline controller may name per-node and sample events,
     # which replay alone gives). Each kind left out saves the engine thread a call
     # between two decodes.
     event_kinds: frozenset[EventKind]
+
+    @property
+    def on_graph(self) -> Callable[[GraphBatch], Plan | None] | None:
+        """Per-graph learning and planning: one finished graph's records, answered
+        with the plan for the next graph (None: the controller plans from events)."""
+
+    @property
+    def on_applied(self) -> Callable[[list[tuple[int, int]]], None] | None:
+        """The switches the executor applied since the last call: ``(t_ns, level)``."""
+
+    @property
+    def on_counters(self) -> Callable[[Any], None] | None:
+        """Device counters read after a graph (``devices.base.Counters``)."""
+
+    @property
+    def reseed(self) -> Callable[[int], None] | None:
+        """A new seed, for a controller that learns with randomness (replay's ``seed``)."""
 
     def on_event(self, event: Event) -> Decision | Plan | None:
         """React to one engine event; return a decision, a plan, or None."""
@@ -74,17 +99,15 @@ class Controller(Protocol):
         ...
 
 
-class GraphAware(Protocol):
-    """Optional part of the interface: per-graph learning and planning."""
+class ControllerDefaults:
+    """The protocol's defaults, for a controller to inherit and override: it steers
+    (does not leave the device's governor on), reads no trace, takes every controller
+    event, and has none of the optional parts."""
 
-    def on_graph(self, batch: GraphBatch) -> Plan | None:
-        """One finished graph's records; return the plan for the next graph."""
-        ...
-
-    def on_applied(self, applied: list[tuple[int, int]]) -> None:
-        """Switches the executor applied since the last call: ``(t_ns, level)``."""
-        ...
-
-    def on_counters(self, counters: Any) -> None:
-        """Device counters read after a graph (``devices.base.Counters``)."""
-        ...
+    uses_device_governor: bool = False
+    offline: bool = False
+    event_kinds: frozenset[EventKind] = CONTROLLER_EVENTS
+    on_graph: Callable[[GraphBatch], Plan | None] | None = None
+    on_applied: Callable[[list[tuple[int, int]]], None] | None = None
+    on_counters: Callable[[Any], None] | None = None
+    reseed: Callable[[int], None] | None = None

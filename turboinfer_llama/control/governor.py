@@ -106,10 +106,10 @@ class Governor:
         self._granularity = granularity
         self._native = native
         self._snapshot: DeviceState | None = None
-        self._steering = not getattr(controller, "uses_device_governor", False)
-        self._on_counters = getattr(controller, "on_counters", None)
-        self._on_graph = getattr(controller, "on_graph", None)
-        self._on_applied = getattr(controller, "on_applied", None)
+        self._steering = not controller.uses_device_governor
+        self._on_counters = controller.on_counters
+        self._on_graph = controller.on_graph
+        self._on_applied = controller.on_applied
         # counters read at each decode's end on the engine thread (no on_graph to
         # take them with the graph's records)
         self._counters_inline = self._on_counters is not None and self._on_graph is None

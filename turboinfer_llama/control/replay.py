@@ -136,10 +136,10 @@ class _Runner:
         self._seq = 0
         self.token_times: dict[int, list[int]] = {}
         self.request_begin: dict[int, int] = {}
-        self.on_counters = getattr(controller, "on_counters", None)
-        self.on_graph = getattr(controller, "on_graph", None)
-        self.on_applied = getattr(controller, "on_applied", None)
-        self.node_events = bool(getattr(controller, "offline", False))
+        self.on_counters = controller.on_counters
+        self.on_graph = controller.on_graph
+        self.on_applied = controller.on_applied
+        self.node_events = controller.offline
         # what on_event is given (control.base): live, the governor gives the same
         self.event_kinds = frozenset(controller.event_kinds)
         self.levels = sorted(int(h) for h in device.frequencies_hz())
@@ -633,10 +633,9 @@ def replay(
         raise ValueError("replay needs at least one segment")
     given_segments = segments
     segments = _shared_graphs(segments)
-    reseed = getattr(controller, "reseed", None)
-    if callable(reseed):
-        reseed(seed)
-    if not getattr(controller, "uses_device_governor", False):
+    if controller.reseed is not None:
+        controller.reseed(seed)
+    if not controller.uses_device_governor:
         device.governor = None
     timed, graphs = _shared_kernels(given_segments, segments)
     # each request's prompt tokens, which the live REQUEST_BEGIN carries

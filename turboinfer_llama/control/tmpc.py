@@ -146,6 +146,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from . import plan_native
+from .base import ControllerDefaults
 from .default_bound import OndemandBound, graph_pieces
 from .forecast import Forecaster, StallEstimate, StallStats
 from .graph_batch import GraphBatch
@@ -406,11 +407,10 @@ class _Planned(NamedTuple):
     excess_ns: float  # its time over the reference as planned (tube not included)
 
 
-class TubeMPC:
+class TubeMPC(ControllerDefaults):
     """The TurboInfer controller. See the module docstring for the formulation."""
 
     name = "tmpc"
-    uses_device_governor = False
     # request boundaries and decode begins (a prompt's plan, the phase); it learns from
     # graphs (on_graph), not from decode ends
     event_kinds = frozenset(

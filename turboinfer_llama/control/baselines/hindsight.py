@@ -22,7 +22,7 @@ from typing import Any
 from ...accounting import Account, PhoneTrace, Switches, applied_energy, default_shadow, phase_split
 from ...engine.events import Event, EventKind
 from ...engine.segments import Segment
-from ..base import CONTROLLER_EVENTS, Decision
+from ..base import ControllerDefaults, Decision
 
 
 def _within(acc: Account, ref: Account, slack: float) -> tuple[bool, bool]:
@@ -32,10 +32,7 @@ def _within(acc: Account, ref: Account, slack: float) -> tuple[bool, bool]:
     return ttft_ok, tpot_ok
 
 
-class _Hindsight:
-    uses_device_governor = False
-    event_kinds = CONTROLLER_EVENTS  # static-best: set at the first event
-
+class _Hindsight(ControllerDefaults):  # static-best: set at the first event
     def __init__(
         self,
         segments: Sequence[Segment],

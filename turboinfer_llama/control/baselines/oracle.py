@@ -56,7 +56,7 @@ import numpy as np
 
 from ...engine.events import Event, EventKind
 from ...engine.segments import Segment
-from ..base import Decision
+from ..base import ControllerDefaults, Decision
 
 WINDOWS = ("ttft", "tpot")
 # a refinement that makes no progress (see Oracle.__init__) moves every target down by
@@ -298,10 +298,9 @@ class Bound:
         return 1.0 - self.dual_j / self.model_energy_j if self.model_energy_j else float("nan")
 
 
-class Oracle:
+class Oracle(ControllerDefaults):
     name = "oracle"
     offline = True  # reads the whole trace; replay gives it per-node events
-    uses_device_governor = False
     # re-anchored on graph begins, sample begins and asks (offline: replay gives them)
     event_kinds = frozenset(
         {

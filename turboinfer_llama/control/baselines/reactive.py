@@ -11,15 +11,14 @@ the graph's first ask, the low level at its end.
 from __future__ import annotations
 
 from ...engine.events import Event, EventKind
-from ..base import Decision
+from ..base import ControllerDefaults, Decision
 from ..plan import Plan
 
 _STALL = (EventKind.DECODE_END, EventKind.REQUEST_END, EventKind.IDLE)
 
 
-class Reactive:
+class Reactive(ControllerDefaults):
     name = "reactive"
-    uses_device_governor = False
     event_kinds = frozenset({EventKind.DECODE_BEGIN, *_STALL})
 
     def __init__(

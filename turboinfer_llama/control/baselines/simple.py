@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ...engine.events import Event, EventKind
-from ..base import CONTROLLER_EVENTS, Decision
+from ..base import ControllerDefaults, Decision
 
 
-class DefaultGovernor:
+class DefaultGovernor(ControllerDefaults):
     """The device's default governor (msm-adreno-tz / simple_ondemand in simulation),
     untouched: no decisions; the replay and the live governor leave it on."""
 
@@ -21,11 +21,8 @@ class DefaultGovernor:
         return []
 
 
-class Static:
+class Static(ControllerDefaults):
     """One fixed frequency (``max`` is the top level), set at the first event."""
-
-    uses_device_governor = False
-    event_kinds = CONTROLLER_EVENTS
 
     def __init__(self, freq_hz: int, name: str | None = None) -> None:
         self.freq_hz = int(freq_hz)

@@ -36,16 +36,15 @@ import random
 import numpy as np
 
 from ...engine.events import Event, EventKind
-from ..base import Decision
+from ..base import ControllerDefaults, Decision
 from ..model import PowerTable
 from ..reference import ShadowParams
 
 _BUSY_EDGES = (0.25, 0.5, 0.75)
 
 
-class ZttQLearning:
+class ZttQLearning(ControllerDefaults):
     name = "ztt"
-    uses_device_governor = False
     # its reference's (tmpc's event_kinds) and each step's end
     event_kinds = frozenset(
         {
