@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -161,14 +163,23 @@ def test_missing_native_library_falls_back_and_says_so_once() -> None:
     assert lines[0].startswith("turboinfer_llama ") and "was not built" in lines[0]
 
 
-def test_the_native_callback_times_itself_only_while_asked() -> None:
+@contextlib.contextmanager
+def _graph_hook_and_tensor() -> Iterator[tuple[hooks.NativeHook, Any]]:
+    """A native graph-granularity hook and one libggml-base tensor to call it with."""
     if not hooks.NATIVE_AVAILABLE:
         pytest.skip("native hooks not built")
     lib, ctx = _ggml_context(4)
     hook = hooks.make_hook("graph", 64, native=True)
     assert isinstance(hook, hooks.NativeHook)
     try:
-        t = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 1, 1, 1)
+        yield hook, lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 1, 1, 1)
+    finally:
+        hook.close()
+        lib.ggml_free(ctx)
+
+
+def test_the_native_callback_times_itself_only_while_asked() -> None:
+    with _graph_hook_and_tensor() as (hook, t):
         hook.begin_graph()
         hook.cb_eval(t, True, hook.user_data)
         assert hook.self_time() == (0, 0)  # off by default
@@ -180,9 +191,6 @@ def test_the_native_callback_times_itself_only_while_asked() -> None:
         ns, calls = hook.self_time()
         assert calls == 5 and ns > 0
         assert len(hook.drain_raw()) == 7  # timing changes no record
-    finally:
-        hook.close()
-        lib.ggml_free(ctx)
     with pytest.raises(hooks.HookError):
         hook.self_time()
 
@@ -190,13 +198,7 @@ def test_the_native_callback_times_itself_only_while_asked() -> None:
 def test_the_native_wake_is_posted_by_the_next_ask_once_armed() -> None:
     """The planner's wake: armed by one store between decodes, posted by the callback's
     next ask (inside llama_decode), taken once however many posts came."""
-    if not hooks.NATIVE_AVAILABLE:
-        pytest.skip("native hooks not built")
-    lib, ctx = _ggml_context(4)
-    hook = hooks.make_hook("graph", 64, native=True)
-    assert isinstance(hook, hooks.NativeHook)
-    try:
-        t = lib.ggml_new_tensor_4d(ctx, ggml_mirror.GGML_TYPE_F32, 4, 1, 1, 1)
+    with _graph_hook_and_tensor() as (hook, t):
         flag = hook.wake_flag()
         hook.begin_graph()
         hook.cb_eval(t, True, hook.user_data)
@@ -213,9 +215,6 @@ def test_the_native_wake_is_posted_by_the_next_ask_once_armed() -> None:
         assert hook.wait_wake(0.0) is True  # both posts in one wake
         assert hook.wait_wake(0.0) is False
         assert len(hook.drain_raw()) == 3  # the wake changes no record
-    finally:
-        hook.close()
-        lib.ggml_free(ctx)
 
 
 def test_closing_the_native_hook_releases_a_waiting_planner() -> None:

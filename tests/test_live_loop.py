@@ -49,8 +49,9 @@ def _files(node: Path) -> dict[str, str]:
     return {k: (node / k).read_text().strip() for k in ("governor", "min_freq", "max_freq")}
 
 
-@pytest.mark.parametrize("native_hooks", [True, False])
-def test_the_planner_sees_every_graph_and_plans_the_next(tiny_gguf, native_hooks):
+def _planned_run(tiny_gguf: Path, native_hooks: bool, requests: int) -> tuple[int, dict]:
+    """tmpc on the simulated device over ``requests`` short requests: the decodes run
+    and the live loop's figures."""
     llm = Llama(
         model_path=str(tiny_gguf),
         verbose=False,
@@ -58,12 +59,18 @@ def test_the_planner_sees_every_graph_and_plans_the_next(tiny_gguf, native_hooks
         power={"device": "sim", "controller": "tmpc", "native_hooks": native_hooks},
     )
     try:
-        for _ in range(2):
+        for _ in range(requests):
             llm("hello world", max_tokens=12, temperature=0.0)
         decodes = llm.power.stats()["events"]["decode_begin"]
         live = llm.power.stats()["energy"]["live"]
     finally:
         llm.close()
+    return decodes, live
+
+
+@pytest.mark.parametrize("native_hooks", [True, False])
+def test_the_planner_sees_every_graph_and_plans_the_next(tiny_gguf, native_hooks):
+    decodes, live = _planned_run(tiny_gguf, native_hooks, requests=2)
     assert live["graphs_planned"] == decodes
     assert live["executor"]["native"] is native_hooks
     # with the native hook the eval callback woke the planner for the held graphs, from
@@ -223,18 +230,7 @@ def test_eager_planning_posts_the_hooks_wake_from_the_engine_thread(tiny_gguf, m
     from turboinfer_llama.control.governor import Governor
 
     monkeypatch.setattr(Governor, "HOLD_FOR_ENGINE", False)
-    llm = Llama(
-        model_path=str(tiny_gguf),
-        verbose=False,
-        n_ctx=256,
-        power={"device": "sim", "controller": "tmpc", "native_hooks": True},
-    )
-    try:
-        llm("hello world", max_tokens=12, temperature=0.0)
-        decodes = llm.power.stats()["events"]["decode_begin"]
-        live = llm.power.stats()["energy"]["live"]
-    finally:
-        llm.close()
+    decodes, live = _planned_run(tiny_gguf, True, requests=1)
     assert live["graphs_planned"] == decodes
     assert live["plan_holds"]["eager"] > 0
     assert live["planner_wake"]["by"] == "eval callback"
@@ -252,18 +248,7 @@ def test_a_native_hook_without_its_wake_leaves_the_wake_to_the_engine_thread(
         raise hooks.HookError("no unnamed semaphores (test)")
 
     monkeypatch.setattr(hooks.NativeHook, "wake_flag", no_wake)
-    llm = Llama(
-        model_path=str(tiny_gguf),
-        verbose=False,
-        n_ctx=256,
-        power={"device": "sim", "controller": "tmpc", "native_hooks": True},
-    )
-    try:
-        llm("hello world", max_tokens=12, temperature=0.0)
-        decodes = llm.power.stats()["events"]["decode_begin"]
-        live = llm.power.stats()["energy"]["live"]
-    finally:
-        llm.close()
+    decodes, live = _planned_run(tiny_gguf, True, requests=1)
     assert live["executor"]["native"] is True
     assert live["planner_wake"] == {"by": "engine thread"}
     assert live["graphs_planned"] == decodes

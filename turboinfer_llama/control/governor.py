@@ -40,7 +40,7 @@ from typing import Any
 from .._clock import now_ns
 from ..devices.base import DeviceError, DeviceState, GpuDevice, Unsupported
 from ..engine.events import Event, EventKind
-from ..engine.hooks import HookError
+from ..engine.hooks import HookError, NativeHook
 from .base import Controller, Decision
 from .graph_batch import GraphBatch, NodeCosts, batch_from_records, records_array
 from .live_executor import LiveExecutor, make_executor
@@ -221,7 +221,7 @@ class Governor:
         native executor), so node-keyed plans can run; otherwise plans are time-keyed.
         With the native hook, the planner is woken from inside the next one-token
         ``llama_decode`` (its first node) instead of by the engine thread before it."""
-        if self._worker is not None and hasattr(hook, "wait_wake"):
+        if self._worker is not None and isinstance(hook, NativeHook):
             try:
                 wake = _HookWakeup(hook)
             except HookError as e:
