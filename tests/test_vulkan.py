@@ -202,6 +202,9 @@ def test_live_executor_switches_while_gemma_decodes_on_vulkan(
     assert energy["health"]["ok"], energy["health"]
     assert energy["feedback"] == "engine-only"
     assert energy["executor"]["native"] is True  # switches came from inside llama_decode
+    # the planner was woken by the eval callback, from inside the Vulkan decodes
+    wake = energy["planner_wake"]
+    assert wake["by"] == "eval callback" and wake["posted"] > 0 and wake["failed"] == 0
     mins = [vals["min_freq"] for name, vals in events if name == "min_freq"]
     # inotify coalesces back-to-back writes: the count is a lower bound
     assert tokens > 0 and len(mins) >= tokens, (len(mins), tokens)

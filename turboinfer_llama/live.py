@@ -584,6 +584,8 @@ class RealDeviceControl(_EngineCalls):
             "graph_plan_us_median": health["graph_plan_us_median"],
             "graph_plan_cpu_us_median": health["graph_plan_cpu_us_median"],
             "graph_cpu_us": health["graph_cpu_us"],
+            "plan_holds": health["plan_holds"],
+            "planner_wake": health["planner_wake"],
             "health": {"ok": health["ok"], "last_error": health["error"], **health},
         }
         try:
