@@ -699,14 +699,6 @@ TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t
 	return (uint32_t)n;
 }
 
-TI_API void ti_hook_index_addrs(const struct ti_hook *h, const void **head, const void **tail)
-{
-	if (head != NULL)
-		*head = h == NULL ? NULL : (const void *)&h->head;
-	if (tail != NULL)
-		*tail = h == NULL ? NULL : (const void *)&h->tail;
-}
-
 TI_API uint32_t ti_hook_pending(const struct ti_hook *h)
 {
 	uint64_t tail, head;

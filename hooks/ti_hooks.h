@@ -100,12 +100,6 @@ TI_API uint32_t ti_hook_drain(struct ti_hook *h, struct ti_record *out, uint32_t
 /* Records waiting in the ring (produced, not yet drained). */
 TI_API uint32_t ti_hook_pending(const struct ti_hook *h);
 /*
- * The addresses of the ring's free-running head and tail (uint64, 8-byte aligned), for
- * a consumer that peeks at "anything pending?" between decodes without a call (the
- * producer is idle then); drains still go through ti_hook_drain.
- */
-TI_API void ti_hook_index_addrs(const struct ti_hook *h, const void **head, const void **tail);
-/*
  * The engine's drain at a graph's end when it repeats the last one: if exactly n
  * records wait, all of graph `graph`, and record i equals tpl[i] in every byte but
  * t_ns and graph (the same node, shape, op, name and phase), copies their t_ns to
@@ -206,8 +200,8 @@ TI_API int64_t ti_hook_self_ns(const struct ti_hook *h, uint64_t *calls);
  * meanwhile are taken with it), 1 after timeout_ns without a post, -errno on failure.
  * Every wait must have returned before ti_hook_destroy. Where the platform has no
  * unnamed semaphores, ti_hook_wake_flag is NULL and the others return -ENOSYS (the
- * hook works without its wake). ti_hook_wake_stats: out[0]
- * the callback's posts so far, out[1] those that failed.
+ * hook works without its wake). ti_hook_wake_stats: out[0] the callback's posts so
+ * far, out[1] those that failed.
  */
 TI_API void *ti_hook_wake_flag(struct ti_hook *h);
 TI_API int ti_hook_post_wake(struct ti_hook *h);

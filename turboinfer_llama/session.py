@@ -243,8 +243,7 @@ class PowerSession:
             return
         # Records produced outside eval (e.g. embeddings call llama_decode directly)
         # belong to no graph of ours; the timeline keeps but does not segment them.
-        if self._hook.has_pending():
-            self._drain()
+        self._drain()
         self._graph = self._hook.begin_graph()
         if self._loop is not None:
             self._loop.on_decode_begin(self._graph)

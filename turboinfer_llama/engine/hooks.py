@@ -98,11 +98,6 @@ class EvalHook(Protocol):
         """Call right before each llama_decode: graph seq += 1, node index to 0."""
         ...
 
-    def has_pending(self) -> bool:
-        """Whether records wait in the ring (between decodes: none normally, as each
-        graph's end drains its own; a direct ``llama_decode`` leaves some)."""
-        ...
-
     def drain_raw(self) -> Any:
         """Take pending records without decoding them (no per-record Python work);
         ``decode_raw`` turns them into Events later, off the decode path."""
@@ -180,7 +175,6 @@ def _load_native() -> tuple[ctypes.CDLL | None, str]:
             ("ti_hook_begin_graph", ctypes.c_uint64, [vp]),
             ("ti_hook_drain", ctypes.c_uint32, [vp, vp, ctypes.c_uint32]),
             ("ti_hook_pending", ctypes.c_uint32, [vp]),
-            ("ti_hook_index_addrs", None, [vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]),
             (
                 "ti_hook_drain_like",
                 ctypes.c_uint32,
@@ -462,14 +456,6 @@ class NativeHook:
         # guarded by _lock; close frees the hook only once every wait has returned
         self._waiting = 0
         self._closing = False
-        # the ring's head and tail, read in place by has_pending (no call)
-        head, tail = ctypes.c_void_p(), ctypes.c_void_p()
-        lib.ti_hook_index_addrs(handle, ctypes.byref(head), ctypes.byref(tail))
-        if not head.value or not tail.value:
-            lib.ti_hook_destroy(handle)
-            raise HookError("ti_hook_index_addrs gave no address")
-        self._ring_head = ctypes.c_uint64.from_address(head.value)
-        self._ring_tail = ctypes.c_uint64.from_address(tail.value)
         self._buf = np.zeros(min(ring_capacity, _DRAIN_CHUNK), dtype=RECORD_DTYPE)
         self._buf_addr = self._buf.ctypes.data
         self._empty = np.zeros(0, dtype=RECORD_DTYPE)
@@ -497,15 +483,6 @@ class NativeHook:
         if self._handle is None:
             raise HookError("hook is closed")
         return int(self._held.ti_hook_begin_graph(self._handle))
-
-    def has_pending(self) -> bool:
-        """The ring's head and tail compared in place (two loads, no call): for the
-        engine thread between decodes, when the producer is idle. In compact mode a
-        held repeat is not in the ring; one is held only between a graph's begin and
-        its end (``drain_graph`` takes it)."""
-        if self._handle is None:
-            return False
-        return self._ring_head.value != self._ring_tail.value
 
     def set_compact(self, on: bool) -> None:
         """Compact repeats (``ti_hook_set_compact``, ``graph`` granularity only): a
@@ -910,9 +887,6 @@ class PythonHook:
         self._graph += 1
         self._next_node = 0
         return self._graph
-
-    def has_pending(self) -> bool:
-        return bool(self._records)
 
     def drain_raw(self) -> list[tuple[Any, ...]]:
         records = self._records
