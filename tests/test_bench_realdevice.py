@@ -6,18 +6,44 @@ dir; the code path is the one a phone or a Jetson takes.
 
 from __future__ import annotations
 
-import os
 import threading
 
 from fakesysfs import make_jetson_orin, make_rapl, write
 
+from turboinfer_llama._clock import now_ns
 from turboinfer_llama.bench.runner import BenchConfig, run_bench
 from turboinfer_llama.devices import open_device
-from turboinfer_llama.power import open_meter
+from turboinfer_llama.devices.sysfs_io import LocalSysfs
+from turboinfer_llama.power.rapl import RaplMeter
 
 
 def _files(devfreq):
     return {k: (devfreq / k).read_text().strip() for k in ("governor", "min_freq", "max_freq")}
+
+
+class _DrawingRapl(LocalSysfs):
+    """The fake RAPL counter advances by 2 W times the time since the last read.
+
+    A counter that moves with the clock, not with a ticker thread: a thread starved of
+    the core on a loaded machine left a window with no tick and a row of 0 J.
+    """
+
+    POWER_W = 2.0
+
+    def __init__(self, root, counter):
+        super().__init__(root)
+        self._counter = counter
+        self._lock = threading.Lock()
+        self._t_ns = now_ns()
+
+    def read(self, path):
+        if path.endswith("/energy_uj"):
+            with self._lock:
+                t_ns = now_ns()
+                uj = int(self._counter.read_text()) + int(self.POWER_W * (t_ns - self._t_ns) / 1e3)
+                self._t_ns = t_ns
+                write(self._counter, uj)
+        return super().read(path)
 
 
 def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
@@ -25,20 +51,7 @@ def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
     rapl = make_rapl(tmp_path)
     before = _files(tree["devfreq"])
     device = open_device("devfreq", root=str(tmp_path))
-    meter = open_meter("rapl", root=str(tmp_path))
-    counter = rapl["energy_uj"]
-    stop = threading.Event()
-
-    def tick():  # the package draws about 2 W while the benchmark runs
-        uj = int(counter.read_text())
-        while not stop.wait(0.001):
-            uj += 2_000
-            tmp = counter.with_suffix(".tmp")
-            write(tmp, uj)
-            os.replace(tmp, counter)  # atomic: the meter never reads a half-written file
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
+    meter = RaplMeter(_DrawingRapl(tmp_path, rapl["energy_uj"]))
     try:
         cfg = BenchConfig(
             model=str(tiny_gguf),
@@ -51,8 +64,6 @@ def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
         )
         out = run_bench(cfg, device=device, meter=meter)
     finally:
-        stop.set()
-        ticker.join()
         device.close()
     report = out.report
     assert report["simulated"] is False

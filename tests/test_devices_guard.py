@@ -16,7 +16,8 @@ from turboinfer_llama.devices.guard import RestoreGuard, active_guards
 REPO = Path(__file__).resolve().parents[1]
 
 CHILD = """
-import signal, sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks on a hang
 from turboinfer_llama.devices import open_device
 root, spec, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "chain":
@@ -31,7 +32,7 @@ if mode == "raise":
 if mode == "exit":
     sys.exit(0)
 print("READY", flush=True)
-time.sleep(60)
+time.sleep(600)
 """
 
 
@@ -50,7 +51,17 @@ def run_child(root: Path, spec: str, mode: str, sig: int | None = None) -> int:
             line = proc.stdout.readline()
             assert line.strip() == "READY", proc.stderr.read() if proc.stderr else line
             proc.send_signal(sig)
-        return proc.wait(timeout=60)
+        try:
+            return proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Rare under load (seen once in a fresh-clone run): say where the child is.
+            proc.send_signal(signal.SIGUSR1)
+            try:
+                _, err = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            raise AssertionError(f"child still running 60 s after signal {sig}:\n{err}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
