@@ -154,8 +154,8 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		     double host_ns, const double *block_host, const int64_t *edges,
 		     size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
 		     double *block_ns, double *block_energy, const double *worst, size_t seen,
-		     const double *worst_seen, double *safe_graph_ns, double *safe_energy,
-		     double *safe_block_ns, double *safe_block_energy)
+		     double *safe_graph_ns, double *safe_energy, double *safe_block_ns,
+		     double *safe_block_energy)
 {
 	size_t i, l, blk;
 	double launches = 0.0, per_launch, floor_unit;
@@ -211,19 +211,16 @@ int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 		host_share = block_host ? block_host[blk] : block_launch * per_launch;
 		if (safe_graph_ns) {
 			/* the levels below `seen` at their worst case: the top level's kernel
-			 * time times worst[l], or the `seen` level's times worst_seen[l] where
-			 * less; never less than the model's */
+			 * time times worst[l], never less than the model's */
 			double *sn = safe_block_ns + blk * n_levels;
 			double *se = safe_block_energy + blk * n_levels;
 			double top_k = bn[n_levels - 1];
 
 			for (l = 0; l < n_levels; l++) {
-				double k = bn[l], w = top_k * worst[l];
+				double k = bn[l];
 
-				if (worst_seen && bn[seen] * worst_seen[l] < w)
-					w = bn[seen] * worst_seen[l];
-				if (l < seen && w > k)
-					k = w;
+				if (l < seen && top_k * worst[l] > k)
+					k = top_k * worst[l];
 				safe_graph_ns[l] = (blk ? safe_graph_ns[l] : 0.0) + k;
 				se[l] = busy_w[l] * k + idle_w[l] * host_share;
 				sn[l] = k + host_share;

@@ -87,9 +87,7 @@ TI_API int ti_plan_observe(const struct ti_plan_nodes *nodes, const double *star
  * With worst (n_levels values) and the safe_* outputs (same shapes as graph_ns,
  * energy, block_ns, block_energy): the same tables with each block's kernel time at
  * the levels below `seen` raised to at least its top-level kernel time times
- * worst[l], or, where less and worst_seen is not NULL, its kernel time at `seen`
- * times worst_seen[l] (tmpc's cautious tables for levels not run yet); seen 0 copies
- * them.
+ * worst[l] (tmpc's cautious tables for levels not run yet); seen 0 copies them.
  */
 TI_API int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *theta,
 			    const double *ratio, const double *coupling, const double *busy_w,
@@ -97,8 +95,8 @@ TI_API int ti_plan_tabulate(const struct ti_plan_nodes *nodes, const double *the
 			    double host_ns, const double *block_host, const int64_t *edges,
 			    size_t n_blocks, double *kernel_ns, double *graph_ns, double *energy,
 			    double *block_ns, double *block_energy, const double *worst,
-			    size_t seen, const double *worst_seen, double *safe_graph_ns,
-			    double *safe_energy, double *safe_block_ns, double *safe_block_energy);
+			    size_t seen, double *safe_graph_ns, double *safe_energy,
+			    double *safe_block_ns, double *safe_block_energy);
 
 /*
  * The cheapest combination of per-graph levels over a horizon of n_seg graphs

@@ -413,30 +413,3 @@ def test_the_slow_actuation_mode_has_hysteresis():
     assert ctl._slow_actuation(tpl, 0.0)  # not left at 0.9 of one
     tpl_fast = SimpleNamespace(graph_ns=np.array([2 * step_ns, 20_000_000 / 0.7]))
     assert not ctl._slow_actuation(tpl_fast, 0.0)  # left under 0.8
-
-
-def test_a_level_below_the_lowest_run_is_held_at_most_at_that_levels_time_times_the_ratio():
-    """The cautious tables' worst case for a level the decode has not run at: the top
-    level's time times the whole clock ratio, or, where less, the lowest run level's
-    (its model measured) times the ratio from there. A memory-bound block barely slower
-    at the lowest level run than at the top is no longer held near the whole ratio below
-    it (sim adreno640, gemma recording: 1.94x against 1.29x at 309 MHz)."""
-    trace = make_trace(requests=1, prompt_tokens=16, decode_tokens=12, seed=5)
-    ctl, _, _ = _tmpc_on(trace, 0.05)
-    tpl = ctl._templates["decode"]
-    top = ctl.top
-    for seen in range(1, top):
-        ctl._lowest_seen["decode"] = seen
-        if tpl.safe_seen == seen:
-            tpl.safe_seen = -1  # the tables made at the last graph: take the numpy path
-        ct = ctl._cautious("decode", tpl)
-        host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])[:, None]
-        model = tpl.block_ns - host_b
-        safe = ct.block_ns - host_b
-        from_top = model[:, top : top + 1] * ctl._worst_ratio[None, :]
-        from_seen = model[:, seen : seen + 1] * ctl._slowdown_most[seen][None, :]
-        want = np.maximum(model, np.minimum(from_top, from_seen))
-        np.testing.assert_allclose(safe[:, :seen], want[:, :seen], rtol=1e-9, atol=1e-3)
-        np.testing.assert_array_equal(ct.block_ns[:, seen:], tpl.block_ns[:, seen:])
-        if seen == 1:  # the bound from the lowest level run is in effect (0.72-0.76x)
-            assert (from_seen[:, 0] < 0.9 * from_top[:, 0]).all()

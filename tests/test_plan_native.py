@@ -91,9 +91,8 @@ def test_observe_matches_numpy(seed, n, n_sw, strided, coupled, zero_share):
     time_scale=st.floats(0.3, 3.0),
     host_ns=st.floats(0.0, 5e6),
     placed=st.booleans(),
-    from_seen=st.booleans(),
 )
-def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed, from_seen):
+def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed):
     c, m, launch = _graph(seed, n, strided)
     rng = np.random.default_rng(seed)
     theta = rng.uniform([0.3, 0.3, 0.05, 0.5, 0], [3, 3, 1, 8, 2])
@@ -108,25 +107,20 @@ def test_tabulate_matches_numpy(seed, n, strided, time_scale, host_ns, placed, f
         edges = solver._gap_edges(n, host_node)
     seen = seed % len(LEVELS)  # levels below it at their worst case (0: none)
     worst = LEVELS[-1] / LEVELS
-    # the bound from the lowest level run, where less: its time times the clock ratio
-    worst_seen = np.maximum(LEVELS[seen] / LEVELS, 1.0) if from_seen else None
     args = (c, m, launch, theta, ratio, coupling, busy, idle, time_scale, host_ns, edges, host_node)
-    got = pn.tabulate(*args, worst, seen, worst_seen, native=True)
-    ref = pn.tabulate(*args, worst, seen, worst_seen, native=False)
+    got = pn.tabulate(*args, worst, seen, native=True)
+    ref = pn.tabulate(*args, worst, seen, native=False)
     # the worst case never undercuts the model, and is the model from `seen` up
     assert (ref.safe_block_ns >= ref.block_ns - 1e-6).all()
     np.testing.assert_array_equal(ref.safe_block_ns[:, seen:], ref.block_ns[:, seen:])
     if seen:
         top_kernel = np.add.reduceat(ref.kernel_ns[:, -1], edges[:-1])
         host_b = ref.block_ns[:, -1] - top_kernel
-        bound = top_kernel[:, None] * worst[:seen]
-        if from_seen:
-            seen_kernel = np.add.reduceat(ref.kernel_ns[:, seen], edges[:-1])
-            from_there = seen_kernel[:, None] * worst_seen[:seen]
-            bound = np.minimum(bound, from_there)
         np.testing.assert_allclose(
             ref.safe_block_ns[:, :seen] - host_b[:, None],
-            np.maximum(ref.block_ns[:, :seen] - host_b[:, None], bound),
+            np.maximum(
+                ref.block_ns[:, :seen] - host_b[:, None], top_kernel[:, None] * worst[:seen]
+            ),
             rtol=1e-9,
             atol=1e-6,
         )

@@ -56,7 +56,7 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
              [nodes, vp, vp, vp, vp, sz, vp, dbl, vp, sz, vp, vp, sz, vp, vp, vp]),
             ("ti_plan_tabulate", rc,
              [nodes, vp, vp, vp, vp, vp, sz, dbl, dbl, vp, vp, sz, vp, vp, vp, vp, vp, vp, sz,
-              vp, vp, vp, vp, vp]),
+              vp, vp, vp, vp]),
             ("ti_plan_horizon", rc, [vp, vp, sz, sz, vp, dbl, dbl, vp, vp]),
             ("ti_plan_block_levels", rc, [vp, vp, sz, sz, vp, sz, dbl, vp, vp]),
             ("ti_plan_rls", rc, [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]),
@@ -335,7 +335,6 @@ def tabulate(
     host_node: np.ndarray | None = None,
     worst: np.ndarray | None = None,
     seen: int = 0,
-    worst_seen: np.ndarray | None = None,
     *,
     native: bool | None = None,
 ) -> Tables:
@@ -345,8 +344,7 @@ def tabulate(
     launches; whole-graph and per-block (between ``edges``) time and energy per
     level. With ``worst`` (per level) and ``seen`` > 0, also the safe tables: each
     block's kernel time at the levels below ``seen`` at least its top-level kernel
-    time times ``worst``, or, where less, its time at ``seen`` times ``worst_seen``
-    (per level: the most a kernel's time there grows at each lower level)."""
+    time times ``worst``."""
     if worst is None or not 0 < seen < len(ratio):
         seen = 0
     n, n_lv = len(c_ns), len(ratio)
@@ -369,15 +367,14 @@ def tabulate(
             raise ValueError("ti_plan_tabulate: host_node needs one value per node")
         # the blocks' host time summed here, in numpy, for the C pass and the twin alike
         hn = None if host_node is None else _f64(_block_sums(host_node, edges))
-        safe: tuple[int | None, int, int | None, int | None, int | None, int | None, int | None]
+        safe: tuple[int | None, int, int | None, int | None, int | None, int | None]
         if seen:
             wo = _f64(worst)  # type: ignore[arg-type]
             s_g, s_e = np.empty(n_lv), np.empty(n_lv)
             s_bn, s_be = np.empty((nb, n_lv)), np.empty((nb, n_lv))
-            ws = None if worst_seen is None else _ptr_kept(_f64(worst_seen))
-            safe = (_ptr_kept(wo), seen, ws, _ptr(s_g), _ptr(s_e), _ptr(s_bn), _ptr(s_be))
+            safe = (_ptr_kept(wo), seen, _ptr(s_g), _ptr(s_e), _ptr(s_bn), _ptr(s_be))
         else:
-            safe = (None, 0, None, None, None, None, None)
+            safe = (None, 0, None, None, None, None)
         rc = _LIB.ti_plan_tabulate(
             ctypes.byref(nodes), _ptr(th), _ptr_kept(ra), _ptr_kept(co), _ptr_kept(bw),
             _ptr_kept(iw), n_lv, float(time_scale), float(host_ns),
@@ -409,10 +406,7 @@ def tabulate(
             k, graph_ns, energy, block_ns, block_energy, graph_ns, energy, block_ns, block_energy
         )
     cks = ck.copy()
-    bound = ck[:, -1:] * np.asarray(worst)[:seen]
-    if worst_seen is not None:
-        bound = np.minimum(bound, ck[:, seen : seen + 1] * np.asarray(worst_seen)[:seen])
-    cks[:, :seen] = np.maximum(ck[:, :seen], bound)
+    cks[:, :seen] = np.maximum(ck[:, :seen], ck[:, -1:] * np.asarray(worst)[:seen])
     # summed block by block, as the C pass does
     safe_k = np.zeros(len(ratio))
     for row in cks:

@@ -509,9 +509,6 @@ class TubeMPC(ControllerDefaults):
             speedup.T,
             1.0,
         )
-        # per lowest level run (``seen``): the most a kernel's time there grows at each
-        # lower level (a row of _slowdown_most, kept whole for the C pass's address)
-        self._worst_from_seen = [np.ascontiguousarray(row) for row in self._slowdown_most]
         self._cautious_cache: tuple[tuple[int, int], PhaseTemplate, CautiousTables] | None = None
         self._since_probe: dict[str, int] = {}
         # per phase: graphs between probes (PROBE_EVERY, doubled while probes agree)
@@ -930,10 +927,9 @@ class TubeMPC(ControllerDefaults):
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
             _, ratio, coupling = pm.level_terms(self.levels_hz)
-            seen_here = self._seen_for(phase)
             g.tabulate(
                 pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host),
-                self._worst_ratio, seen_here, self._worst_from_seen[seen_here],
+                self._worst_ratio, self._seen_for(phase),
             )  # fmt: skip
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
@@ -1307,12 +1303,7 @@ class TubeMPC(ControllerDefaults):
         """The template's tables with the levels the phase has not run at yet (below
         the lowest seen) at their worst case: each block's kernel time at the top
         level slowed by the whole clock ratio (or the published DRAM slowdown, where
-        larger), or its time at the lowest level seen slowed by the ratio from there,
-        where less (the model is measured there; a lower clock slows no kernel by more
-        than its ratio: a memory-bound block 5% over the top level's time at 379 MHz
-        was held at 1.94x the top level's at 309 MHz, where the ratio from 379 MHz
-        bounds it by 1.29x: sim adreno640), never less than the model predicts. Safe
-        exploration: a level's real
+        larger), never less than the model predicts. Safe exploration: a level's real
         time (GPU-DDR coupling, floors, anything the model has not seen) may be worse
         than the model says, so until the phase has run there the plans may only spend
         on it what they could afford were it as slow as clock scaling makes it; once
@@ -1336,13 +1327,8 @@ class TubeMPC(ControllerDefaults):
         if seen > 0:
             host_b = np.add.reduceat(tpl.host_ns, tpl.edges[:-1])[:, None]
             kern_top = block_ns[:, self.top : self.top + 1] - host_b
-            kern_seen = block_ns[:, seen : seen + 1] - host_b
             low = block_ns[:, :seen]
-            bound = np.minimum(
-                kern_top * self._worst_ratio[:seen],
-                kern_seen * self._worst_from_seen[seen][:seen],
-            )
-            worst = np.maximum(low, bound + host_b)
+            worst = np.maximum(low, kern_top * self._worst_ratio[:seen] + host_b)
             extra = worst - low  # >= 0: time the worst case adds (busy, at the level)
             block_ns = block_ns.copy()
             block_ns[:, :seen] = worst
@@ -1599,7 +1585,7 @@ class TubeMPC(ControllerDefaults):
         gaps = None if aff.host_node is None else np.tile(aff.host_node, k)
         tpl.tabulate(
             aff.theta, aff.ratio, aff.coupling, aff.host_ns * k, self.power, aff.scale, gaps,
-            self._worst_ratio, aff.seen, self._worst_from_seen[aff.seen],
+            self._worst_ratio, aff.seen,
         )  # fmt: skip
         return tpl
 

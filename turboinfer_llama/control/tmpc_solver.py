@@ -94,7 +94,6 @@ class PhaseTemplate:
         host_node: np.ndarray | None = None,
         worst: np.ndarray | None = None,
         seen: int = 0,
-        worst_seen: np.ndarray | None = None,
     ) -> None:
         """Tabulate under the time model ``theta`` (``PhaseModel``: each level's clock
         ratio ``f_max/f`` and extra DRAM time ``coupling``) times ``time_scale`` (the
@@ -103,13 +102,12 @@ class PhaseTemplate:
         node, summing to ``host_ns``), else shared out by kernel launches; whole-graph
         and per-block energy (J x 1e9, i.e. W x ns) and time per level; and the same
         with the levels below ``seen`` at their worst case (``worst``: per level, the
-        top level's kernel time times it; ``worst_seen``, where less: the ``seen``
-        level's times it), ``safe``, made for ``safe_seen``."""
+        top level's kernel time times it), ``safe``, made for ``safe_seen``."""
         edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node)
         self.edges = edges
         t = plan_native.tabulate(
             self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
-            power.idle_w, time_scale, host_ns, edges, host_node, worst, seen, worst_seen,
+            power.idle_w, time_scale, host_ns, edges, host_node, worst, seen,
         )  # fmt: skip
         self.safe = (t.safe_graph_ns, t.safe_energy, t.safe_block_ns, t.safe_block_energy)
         # blocks that are mostly host time (a measured gap): their raise is timed
