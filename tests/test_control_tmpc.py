@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turboinfer_llama.accounting import phone_segments
+from turboinfer_llama.control import tmpc as tmpc_mod
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
@@ -413,3 +414,39 @@ def test_the_slow_actuation_mode_has_hysteresis():
     assert ctl._slow_actuation(tpl, 0.0)  # not left at 0.9 of one
     tpl_fast = SimpleNamespace(graph_ns=np.array([2 * step_ns, 20_000_000 / 0.7]))
     assert not ctl._slow_actuation(tpl_fast, 0.0)  # left under 0.8
+
+
+def _with_load_from(trace, profile, at_share: float, share: float):
+    """The default's run and a device factory where another app's DRAM load of
+    ``share`` starts ``at_share`` of the way through the unloaded default's run."""
+    dev = SimGpu(profile)
+    quiet = replay(trace, make_controller("default", **for_device(dev)), dev)
+    schedule = [(int(quiet.duration_s * 1e9 * at_share), share)]
+
+    def factory():
+        return SimGpu(profile, background_schedule=schedule)
+
+    dev = factory()
+    return replay(trace, make_controller("default", **for_device(dev)), dev), factory
+
+
+def test_a_load_that_comes_mid_run_is_charged_against_the_slowed_reference(monkeypatch):
+    """Graphs run between a DRAM load's arrival and the probe that confirms it were
+    charged against the reference of the unloaded GPU; once the probe confirms the
+    shift they are charged again against it scaled by the probe's ratio (the
+    default's graphs slowed alike), instead of leaving phantom debt that holds the
+    top level. ``SHIFT_WINDOW`` 0 turns that off, for comparison."""
+    trace = make_trace(requests=2, prompt_tokens=16, decode_tokens=40, seed=11)
+    base, factory = _with_load_from(trace, PROFILE, 0.5, 0.6)
+    runs = {}
+    for window in (tmpc_mod.SHIFT_WINDOW, 0):
+        monkeypatch.setattr(tmpc_mod, "SHIFT_WINDOW", window)
+        dev = factory()
+        ctl = make_controller("tmpc", latency_slack=0.05, **for_device(dev))
+        got = replay(trace, ctl, dev)
+        assert got.tpot_ms <= (1.05 + TOLERANCE) * base.tpot_ms, window
+        assert got.ttft_ms <= (1.05 + TOLERANCE) * base.ttft_ms, window
+        runs[window] = (ctl.shift_credits, got.energy_j)
+    (on_credits, on_j), (off_credits, off_j) = runs.values()
+    assert on_credits >= 1 and off_credits == 0
+    assert on_j < 0.98 * off_j, runs  # the phantom debt held the top level

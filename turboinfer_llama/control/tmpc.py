@@ -182,6 +182,18 @@ PROBE_SHIFT = 0.03
 PROBE_RESORT = 0.02
 # no probe while the default's bound exceeds the top level's reference by this share
 PROBE_SKIP_MARGIN = 0.02
+# conditions changed under the decode (another app's DRAM load came or went): the
+# graphs from one whose measured/model time ratio jumped by over PROBE_SHIFT plus the
+# tube to the next top-level graph -- at most SHIFT_WINDOW -- were charged against the
+# reference of the old conditions. Where that probe confirms the shift the same way,
+# each is charged again against the old reference scaled by the probe's ratio (a
+# credit at most to its own time; a debit where the load went): the default's graphs
+# were slowed alike. Kept, that debt forced the top level for 48 graphs (sim
+# adreno650, the sweep's Latin-hypercube point with a load coming: two graphs of 38 ms
+# against a 20 ms reference, 35 ms of debt). The jump brings no probe forward: the
+# debt runs the next graph at the top level anyway where the shift is real, and the
+# probes that false jumps brought cost up to 9.6 points on generated GPUs
+SHIFT_WINDOW = 8
 # slow actuation: a switch takes at least this many decode steps (graph + stall) to
 # land. No plan can place a level inside a graph or a stall there; the decode runs at
 # one level, chosen online, and is raised ahead of the request's forecast end
@@ -475,6 +487,7 @@ class TubeMPC(ControllerDefaults):
         self.solves = 0
         self.graphs = 0
         self.probes = 0  # graphs run wholly at the top level to measure the reference
+        self.shift_credits = 0  # probes that confirmed a shift and re-charged its graphs
         self.granularity = "graph"
         self._hist_t: list[int] = []  # landing times of applied switches, ascending
         self._hist_lv: list[int] = []
@@ -515,6 +528,12 @@ class TubeMPC(ControllerDefaults):
         self._probe_every: dict[str, int] = {}
         # per phase: probes still due at once (see PROBE_SHIFT)
         self._probe_burst: dict[str, int] = {}
+        # decode graphs since the time scale jumped, to be charged again once a probe
+        # confirms the shift: (measured, reference charged, top-level reference) ns
+        self._since_shift: list[tuple[float, float, float]] | None = None
+        # the last probe's measured time over the reference the probes before it gave
+        self._probe_ratio: float | None = None
+        self._shift_way_open = 0  # the way the time scale jumped when the window opened
         self._busy_last: int | None = None
         # (c_ns, m_ns, launch, cumulative cost share) of the last graph shape
         self._share: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -869,6 +888,7 @@ class TubeMPC(ControllerDefaults):
             self._req_decode_n += 1
         self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns, phase)
         measured = float(b.compute_ns)
+        shifted, up, top_ref = False, False, measured
         if self._default_bound is not None and self._t_end_prev is not None:
             # the stall (or idle gap) since the last graph, and this one's submission
             self._default_bound.idle(b.t_first_ns - self._t_end_prev)
@@ -923,7 +943,7 @@ class TubeMPC(ControllerDefaults):
             # the model's shape (how time scales with the clock) moves slowly (RLS); its
             # absolute level follows the last graphs at once (a loaded host, a longer
             # context): predictions carry the recent measured/predicted ratio
-            ts = self._time_scale.get(phase)
+            ts_before = ts = self._time_scale.get(phase)
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
             _, ratio, coupling = pm.level_terms(self.levels_hz)
@@ -934,10 +954,26 @@ class TubeMPC(ControllerDefaults):
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
             top_ns = (float(g.graph_ns[self.top]) - host) / ts + host
+            r_before = self.rel_err.estimate().upper_ns
+            # (not where switches land steps late: the time scale moves with each level
+            # that lands mid-graph, and the probes it brought cost -5.9 points at an 80
+            # ms switch on sim generic; nor where the default's bound sets the reference:
+            # a top-level probe there moves the bound's timelines, -17.7 points on a
+            # generated simple_ondemand GPU, seed 6)
+            shifted = (
+                phase == "decode"
+                and self.clock_coupled
+                and not self._slow
+                and self._default_bound is None
+                and ts_before is not None
+                and abs(scale / max(ts_before, 1e-9) - 1.0) > PROBE_SHIFT + r_before
+            )
+            up = shifted and scale > (ts_before or 0.0)
+            self._probe_ratio = None
             ref = self._reference_ns(
                 phase, x, obs.min_hz, measured, host, top_ns, (b.c_ns, b.m_ns, b.launch)
             )
-            self._last_ref_ns[phase] = ref
+            top_ref = self._last_ref_ns[phase] = ref
             if self._default_bound is not None:
                 meas = self._measured_bounds(starts, ends, measured)
                 if phase == "decode":
@@ -980,6 +1016,8 @@ class TubeMPC(ControllerDefaults):
                 self._account(phase, p.ref_ns + max(p.excess_ns, 0.0), p.ref_ns)
         else:
             self._account(phase, measured, ref)
+            if phase == "decode" and b.n and measured > 0:
+                self._charge_shift(measured, ref, top_ref, (1 if up else -1) if shifted else 0)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
         if self._default_bound is not None:
             share_after = self._decode_share_hi if phase == "decode" else None
@@ -994,6 +1032,37 @@ class TubeMPC(ControllerDefaults):
         if not self.planning or (self._req_ends and self._req_ends[-1] >= b.t_end_ns):
             return None  # the request ended after this graph: no next graph to plan
         return self._plan_next(b.t_end_ns, b.graph, max(1, b.ahead))
+
+    def _charge_shift(self, measured: float, ref: float, top_ref: float, jump: int) -> None:
+        """Keep the decode graphs from a jump of the time scale (``jump``: 1 up, -1
+        down, 0 none) to the next top-level probe; where the probe confirms a shift
+        the same way (its time off the old reference by more than ``PROBE_SHIFT``),
+        charge them again against the old top-level reference scaled by the probe's
+        ratio: slower, a credit never past a graph's own time; faster (the load went),
+        a debit (``SHIFT_WINDOW``). A probe that disagrees changes nothing."""
+        ratio, window = self._probe_ratio, self._since_shift
+        if ratio is not None:  # this graph was a probe: it closes the window
+            self._since_shift = None
+            way = 1 if ratio > 1.0 + PROBE_SHIFT else -1 if ratio < 1.0 - PROBE_SHIFT else 0
+            if window and way and way == self._shift_way_open:
+                acc = self._acc["decode"]
+                for g_measured, g_ref, g_top in window:
+                    if way > 0:  # slower: a credit, never past the graph's own time
+                        new_ref = max(min(g_measured, g_top * ratio), g_ref)
+                    else:  # faster (the load went): a debit
+                        new_ref = min(g_top * ratio, g_ref)
+                    acc[0] -= new_ref - g_ref
+                    acc[1] += new_ref - g_ref
+                self.shift_credits += 1
+            return
+        if window is None and not jump:
+            return
+        if window is None:
+            window = self._since_shift = []
+            self._shift_way_open = jump
+        window.append((measured, ref, top_ref))
+        if len(window) > SHIFT_WINDOW:
+            self._since_shift = None  # no probe came: the debt stays as charged
 
     def _plan_error_stats(self) -> tuple[StallStats, StallStats]:
         """Fresh error statistics of plans: relative graph-time errors (the tube) and
@@ -1041,7 +1110,9 @@ class TubeMPC(ControllerDefaults):
         growth), the median over the last ``PROBES_KEPT`` probes. Conditions change
         (another app's DRAM load comes or goes): a graph below the top that ran faster
         than this reference means the probes are stale, and a probe off the reference
-        means the median is; either brings probes forward (``PROBE_SHIFT``).
+        means the median is; either brings probes forward (``PROBE_SHIFT``). The graphs
+        from a jump of the measured/model time ratio to the next probe are charged again
+        at the probe's ratio where it confirms the shift (:meth:`_charge_shift`).
 
         ``x``: the graph's regressors (at the clocks it ran at); ``min_hz``: the lowest
         mean clock any of its nodes ran at; ``top_ns``: the current model's time of
@@ -1054,7 +1125,9 @@ class TubeMPC(ControllerDefaults):
             # a probe keeps its regressors (at the top clock), so its top-level time can
             # be re-evaluated under the current model for a 5-vector product
             burst = self._probe_burst.get(phase, 0)
-            off = abs(measured / self._probed_ref(pm, probes, top_ns) - 1.0) if probes else 1.0
+            ratio = measured / self._probed_ref(pm, probes, top_ns) if probes else None
+            off = abs(ratio - 1.0) if ratio is not None else 1.0
+            self._probe_ratio = ratio
             if probes and off > PROBE_SHIFT:
                 burst = PROBES_KEPT - 1  # conditions changed: re-measure the median
             elif burst > 0:
