@@ -530,10 +530,11 @@ class TubeMPC(ControllerDefaults):
         self._probe_burst: dict[str, int] = {}
         # decode graphs since the time scale jumped, to be charged again once a probe
         # confirms the shift: (measured, reference charged, top-level reference) ns
-        self._since_shift: list[tuple[float, float, float]] | None = None
-        # the last probe's measured time over the reference the probes before it gave
+        # (the way it jumped: 1 up, -1 down; the graphs)
+        self._since_shift: tuple[int, list[tuple[float, float, float]]] | None = None
+        # this graph's measured time over the reference the probes before it gave, where
+        # it is a probe (:meth:`_reference_ns`); else None
         self._probe_ratio: float | None = None
-        self._shift_way_open = 0  # the way the time scale jumped when the window opened
         self._busy_last: int | None = None
         # (c_ns, m_ns, launch, cumulative cost share) of the last graph shape
         self._share: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -888,7 +889,7 @@ class TubeMPC(ControllerDefaults):
             self._req_decode_n += 1
         self._stall(StallKind.SUBMIT, b.t_first_ns - b.t_begin_ns, phase)
         measured = float(b.compute_ns)
-        shifted, up, top_ref = False, False, measured
+        jump, top_ref = 0, measured
         if self._default_bound is not None and self._t_end_prev is not None:
             # the stall (or idle gap) since the last graph, and this one's submission
             self._default_bound.idle(b.t_first_ns - self._t_end_prev)
@@ -960,16 +961,15 @@ class TubeMPC(ControllerDefaults):
             # ms switch on sim generic; nor where the default's bound sets the reference:
             # a top-level probe there moves the bound's timelines, -17.7 points on a
             # generated simple_ondemand GPU, seed 6)
-            shifted = (
+            if (
                 phase == "decode"
                 and self.clock_coupled
                 and not self._slow
                 and self._default_bound is None
                 and ts_before is not None
                 and abs(scale / max(ts_before, 1e-9) - 1.0) > PROBE_SHIFT + r_before
-            )
-            up = shifted and scale > (ts_before or 0.0)
-            self._probe_ratio = None
+            ):
+                jump = 1 if scale > ts_before else -1
             ref = self._reference_ns(
                 phase, x, obs.min_hz, measured, host, top_ns, (b.c_ns, b.m_ns, b.launch)
             )
@@ -1017,7 +1017,7 @@ class TubeMPC(ControllerDefaults):
         else:
             self._account(phase, measured, ref)
             if phase == "decode" and b.n and measured > 0:
-                self._charge_shift(measured, ref, top_ref, (1 if up else -1) if shifted else 0)
+                self._charge_shift(measured, ref, top_ref, jump)
         self._t_end_prev, self._prev_phase = b.t_end_ns, phase
         if self._default_bound is not None:
             share_after = self._decode_share_hi if phase == "decode" else None
@@ -1040,26 +1040,25 @@ class TubeMPC(ControllerDefaults):
         charge them again against the old top-level reference scaled by the probe's
         ratio: slower, a credit never past a graph's own time; faster (the load went),
         a debit (``SHIFT_WINDOW``). A probe that disagrees changes nothing."""
-        ratio, window = self._probe_ratio, self._since_shift
+        ratio, opened = self._probe_ratio, self._since_shift
         if ratio is not None:  # this graph was a probe: it closes the window
             self._since_shift = None
             way = 1 if ratio > 1.0 + PROBE_SHIFT else -1 if ratio < 1.0 - PROBE_SHIFT else 0
-            if window and way and way == self._shift_way_open:
-                acc = self._acc["decode"]
-                for g_measured, g_ref, g_top in window:
+            if opened is not None and way and way == opened[0]:
+                for g_measured, g_ref, g_top in opened[1]:
                     if way > 0:  # slower: a credit, never past the graph's own time
                         new_ref = max(min(g_measured, g_top * ratio), g_ref)
                     else:  # faster (the load went): a debit
                         new_ref = min(g_top * ratio, g_ref)
-                    acc[0] -= new_ref - g_ref
-                    acc[1] += new_ref - g_ref
+                    # the reference's change, with no time of its own
+                    self._account("decode", 0.0, new_ref - g_ref)
                 self.shift_credits += 1
             return
-        if window is None and not jump:
-            return
-        if window is None:
-            window = self._since_shift = []
-            self._shift_way_open = jump
+        if opened is None:
+            if not jump:
+                return
+            opened = self._since_shift = (jump, [])
+        window = opened[1]
         window.append((measured, ref, top_ref))
         if len(window) > SHIFT_WINDOW:
             self._since_shift = None  # no probe came: the debt stays as charged
@@ -1121,6 +1120,7 @@ class TubeMPC(ControllerDefaults):
         the model moves)."""
         pm = self.model.phases[phase]
         probes = self._top_probe.get(phase)
+        self._probe_ratio = None
         if min_hz >= self.levels_hz[self.top] * 0.999:
             # a probe keeps its regressors (at the top clock), so its top-level time can
             # be re-evaluated under the current model for a 5-vector product
