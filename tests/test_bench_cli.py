@@ -98,6 +98,28 @@ def test_csv_and_trace_written(recorded):
     assert "freq_mhz" in names and "MUL_MAT" in names
 
 
+def test_each_request_has_its_own_latency_against_the_defaults(recorded):
+    """``per_request``: every controller, replayed or accounted, lists each request's
+    tokens, TTFT and TPOT; they pool to the run's figures, and each is set against the
+    default's same request."""
+    _, report = recorded
+    base = report["controllers"]["default"]["per_request"]
+    assert len(base) == report["prompts"] * report["repeats"] == 2
+    for name, row in report["controllers"].items():
+        reqs = row["per_request"]
+        assert len(reqs) == len(base), name
+        assert sum(q["tokens"] for q in reqs) == row["tokens"]
+        mean_ttft = sum(q["ttft_ms"] for q in reqs) / len(reqs)
+        assert mean_ttft == pytest.approx(row["ttft_ms"], rel=1e-9), name
+        gaps = [(q["tpot_ms"], q["tokens"] - 1) for q in reqs if q["tpot_ms"] is not None]
+        pooled = sum(t * n for t, n in gaps) / sum(n for _, n in gaps)
+        assert pooled == pytest.approx(row["tpot_ms"], rel=1e-9), name
+        for q, b in zip(reqs, base, strict=True):
+            assert q["ttft_change_vs_default"] == pytest.approx(q["ttft_ms"] / b["ttft_ms"] - 1)
+            assert q["tpot_change_vs_default"] == pytest.approx(q["tpot_ms"] / b["tpot_ms"] - 1)
+    assert all(q["tpot_change_vs_default"] == 0.0 for q in base)
+
+
 def test_replay_is_byte_identical(recorded, tmp_path):
     rec, _ = recorded
     outs = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from fakesysfs import make_jetson_orin, make_rapl, write
 
 from turboinfer_llama._clock import now_ns
@@ -72,4 +73,9 @@ def test_live_controllers_on_fake_devfreq_with_rapl(tmp_path, tiny_gguf):
     for row in report["controllers"].values():
         assert row["simulated"] is False
         assert row["energy_per_token_j"] > 0 and row["tpot_ms"] > 0
+        # each measured request's own figures, from the run's events
+        (req,) = row["per_request"]
+        assert req["tokens"] == row["tokens"]
+        assert req["ttft_ms"] == pytest.approx(row["ttft_ms"])
+        assert req["tpot_ms"] == pytest.approx(row["tpot_ms"])
     assert _files(tree["devfreq"]) == before

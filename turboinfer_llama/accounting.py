@@ -42,6 +42,7 @@ import numpy as np
 from .devices.sim import SimGpu, SimProfile
 from .engine.events import StallKind
 from .engine.graph import cost
+from .engine.latency import RequestLatency, per_request
 from .engine.segment_store import SegmentColumns
 from .engine.segments import Segment
 
@@ -689,6 +690,8 @@ class Account:
     switches: int
     cpu_ms: float
     simulated: bool = True
+    # each request's tokens, TTFT and TPOT (``engine.latency``), in request order
+    requests_latency: tuple[RequestLatency, ...] = ()
 
     @property
     def energy_per_token_j(self) -> float:
@@ -998,6 +1001,7 @@ def _run(
         tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else float("nan"),
         switches=dev.switches - sw0,
         cpu_ms=(time.process_time() - cpu0) * 1e3,
+        requests_latency=per_request(token_ns, begin_ns),
     )
 
 

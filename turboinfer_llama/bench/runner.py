@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import math
 import platform
 import statistics
 import time
@@ -27,6 +28,7 @@ from ..control.replay import ReplayResult, replay
 from ..devices import open_device
 from ..devices.base import DeviceError
 from ..engine.events import Event, EventKind
+from ..engine.latency import per_request_of_events
 from ..engine.segments import Segment
 from ..engine.timeline import Timeline
 from ..offload import CpuInferenceError
@@ -467,6 +469,7 @@ def result_of_account(name: str, device: str, acc: Any, requests: int) -> Replay
         energy_by_phase_j=dict(acc.energy_by_phase_j),
         time_by_phase_ns=dict(acc.time_by_phase_ns),
         granularity="accounting",
+        requests_latency=acc.requests_latency,
     )
 
 
@@ -665,10 +668,37 @@ def live_on_device(
                 decision_us_p99=0.0,
                 granularity=cfg.granularity,
                 simulated=m.simulated,
+                requests_latency=per_request_of_events(events),
             )
             if progress:
                 progress("live controllers", i + 1, len(names))
     return results
+
+
+def _per_request(r: ReplayResult, base: ReplayResult | None) -> list[dict[str, Any]]:
+    """Each request's tokens, TTFT and TPOT, and their change against the default's
+    same request (where the default ran the same requests): the run's means pool the
+    requests, and a controller can keep its budget on the mean while one request is
+    far from the default's (``engine.latency``)."""
+    ref = base.requests_latency if base is not None else ()
+    paired = len(ref) == len(r.requests_latency)
+    out = []
+    for i, q in enumerate(r.requests_latency):
+        row: dict[str, Any] = {
+            "tokens": q.tokens,
+            "ttft_ms": q.ttft_ns / 1e6,
+            "tpot_ms": None if math.isnan(q.tpot_ns) else q.tpot_ns / 1e6,
+            "ttft_change_vs_default": None,
+            "tpot_change_vs_default": None,
+        }
+        if paired:
+            b = ref[i]
+            if b.ttft_ns > 0:
+                row["ttft_change_vs_default"] = q.ttft_ns / b.ttft_ns - 1
+            if not (math.isnan(q.tpot_ns) or math.isnan(b.tpot_ns)) and b.tpot_ns > 0:
+                row["tpot_change_vs_default"] = q.tpot_ns / b.tpot_ns - 1
+        out.append(row)
+    return out
 
 
 def build_report(
@@ -713,6 +743,7 @@ def build_report(
             "duration_s": r.duration_s,
             "tokens": r.tokens,
             "simulated": r.simulated,
+            "per_request": _per_request(r, base),
         }
     return {
         "version": JSON_VERSION,

@@ -52,6 +52,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from ..engine.graph import KernelCost, cost
+from ..engine.latency import RequestLatency, per_request
 from ..engine.segments import Segment
 from .base import Controller, Decision
 from .executor_model import ExecutorModel
@@ -100,6 +101,8 @@ class ReplayResult:
     mismatches: int = 0
     graph_us_median: float = 0.0  # per-graph ingest + plan solve (controller's worker)
     graph_begin_ns: dict[int, int] = field(default_factory=dict)  # DECODE_BEGIN, virtual
+    # each request's tokens, TTFT and TPOT (``engine.latency``), in request order
+    requests_latency: tuple[RequestLatency, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """The headline figures (no per-decision list), for printing or JSON."""
@@ -1313,4 +1316,5 @@ def _result(
         mismatches=r.ex.status.mismatches,
         graph_us_median=statistics.median(r.graph_times_ns) / 1e3 if r.graph_times_ns else 0.0,
         graph_begin_ns=dict(r.graph_begin_ns),
+        requests_latency=per_request(r.token_times, r.request_begin),
     )
