@@ -29,9 +29,7 @@ Every figure is simulated.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +40,7 @@ import numpy as np
 from .devices.sim import SimGpu, SimProfile
 from .engine.events import StallKind
 from .engine.graph import cost
-from .engine.latency import RequestLatency, per_request
+from .engine.latency import RequestLatency, per_request, pooled_ms
 from .engine.segment_store import SegmentColumns
 from .engine.segments import Segment
 
@@ -982,12 +980,8 @@ def _run(
     fire_due()
     for hz in by_kernel.get(trace.n_kernels, ()):
         dev.set_hz(hz)  # issued after the last kernel
-    ttft: list[int] = []
-    gaps: list[int] = []
-    for req, times in token_ns.items():
-        if times and req in begin_ns:
-            ttft.append(times[0] - begin_ns[req])
-            gaps += [y - x for x, y in itertools.pairwise(times)]
+    latency = per_request(token_ns, begin_ns)
+    ttft_ms, tpot_ms = pooled_ms(latency)
     by_phase = {ph: e - ph_e0.get(ph, 0.0) for ph, e in dev.energy_by_phase_j.items()}
     t_phase = {ph: ns - ph_t0.get(ph, 0) for ph, ns in dev.time_by_phase_ns.items()}
     tokens = sum(len(t) for t in token_ns.values())
@@ -997,11 +991,11 @@ def _run(
         time_by_phase_ns=t_phase,
         duration_ns=dev.now_ns() - t_start,
         tokens=tokens,
-        ttft_ms=statistics.fmean(ttft) / 1e6 if ttft else float("nan"),
-        tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else float("nan"),
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
         switches=dev.switches - sw0,
         cpu_ms=(time.process_time() - cpu0) * 1e3,
-        requests_latency=per_request(token_ns, begin_ns),
+        requests_latency=latency,
     )
 
 

@@ -28,7 +28,7 @@ from ..control.replay import ReplayResult, replay
 from ..devices import open_device
 from ..devices.base import DeviceError
 from ..engine.events import Event, EventKind
-from ..engine.latency import per_request_of_events
+from ..engine.latency import per_request_of_events, pooled_ms
 from ..engine.segments import Segment
 from ..engine.timeline import Timeline
 from ..offload import CpuInferenceError
@@ -574,26 +574,6 @@ def live_ab(cfg: BenchConfig, model: str, progress: Progress | None = None) -> d
     }
 
 
-def _latencies(events: list[Event]) -> tuple[list[int], list[int], int]:
-    """(TTFT ns per request, inter-token gaps ns, requests) from live events."""
-    ttft: list[int] = []
-    gaps: list[int] = []
-    begin: int | None = None
-    last: int | None = None
-    requests = 0
-    for e in events:
-        if e.kind is EventKind.REQUEST_BEGIN:
-            begin, last = e.t_ns, None
-            requests += 1
-        elif e.kind is EventKind.TOKEN and begin is not None:
-            if last is None:
-                ttft.append(e.t_ns - begin)
-            else:
-                gaps.append(e.t_ns - last)
-            last = e.t_ns
-    return ttft, gaps, requests
-
-
 def live_on_device(
     cfg: BenchConfig, model: str, device: Any, meter: Any, progress: Progress | None = None
 ) -> dict[str, ReplayResult]:
@@ -647,7 +627,9 @@ def live_on_device(
             m = meter.end_window(name)
             summary = power.energy() or {}
             events = power.timeline.events()[first:]
-            ttft, gaps, requests = _latencies(events)
+            latency = per_request_of_events(events)
+            ttft_ms, tpot_ms = pooled_ms(latency)
+            requests = sum(1 for e in events if e.kind is EventKind.REQUEST_BEGIN)
             tokens = sum(1 for e in events if e.kind is EventKind.TOKEN)
             switches = int(summary.get("switches") or 0)
             results[name] = ReplayResult(
@@ -658,8 +640,8 @@ def live_on_device(
                 energy_j=m.energy_j,
                 energy_per_token_j=m.energy_j / tokens if tokens else 0.0,
                 duration_s=m.duration_s,
-                ttft_ms=statistics.fmean(ttft) / 1e6 if ttft else 0.0,
-                tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else 0.0,
+                ttft_ms=0.0 if math.isnan(ttft_ms) else ttft_ms,
+                tpot_ms=0.0 if math.isnan(tpot_ms) else tpot_ms,
                 tokens_per_s=tokens / m.duration_s if m.duration_s else 0.0,
                 switches=switches,
                 switches_per_s=switches / m.duration_s if m.duration_s else 0.0,
@@ -668,7 +650,7 @@ def live_on_device(
                 decision_us_p99=0.0,
                 granularity=cfg.granularity,
                 simulated=m.simulated,
-                requests_latency=per_request_of_events(events),
+                requests_latency=latency,
             )
             if progress:
                 progress("live controllers", i + 1, len(names))

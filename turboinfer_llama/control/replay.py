@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import statistics
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -52,7 +51,7 @@ import numpy as np
 
 from ..engine.events import Event, EventKind, StallKind
 from ..engine.graph import KernelCost, cost
-from ..engine.latency import RequestLatency, per_request
+from ..engine.latency import RequestLatency, per_request, pooled_ms
 from ..engine.segments import Segment
 from .base import Controller, Decision
 from .executor_model import ExecutorModel
@@ -1282,11 +1281,8 @@ def _result(
 ) -> ReplayResult:
     duration_s = (device.now_ns() - t0) * 1e-9
     energy = device.energy_j - e0
-    ttft, gaps = [], []
-    for req, times in r.token_times.items():
-        if times:
-            ttft.append(times[0] - r.request_begin[req])
-            gaps += [b - a for a, b in itertools.pairwise(times)]
+    latency = per_request(r.token_times, r.request_begin)
+    ttft_ms, tpot_ms = pooled_ms(latency)
     tokens = sum(len(t) for t in r.token_times.values())
     us = tuple(t / 1e3 for t in r.times_ns)
     switches = device.switches - sw0
@@ -1299,8 +1295,8 @@ def _result(
         energy_j=energy,
         energy_per_token_j=energy / tokens if tokens else float("nan"),
         duration_s=duration_s,
-        ttft_ms=statistics.fmean(ttft) / 1e6 if ttft else float("nan"),
-        tpot_ms=statistics.fmean(gaps) / 1e6 if gaps else float("nan"),
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
         tokens_per_s=tokens / duration_s if duration_s > 0 else float("nan"),
         switches=switches,
         switches_per_s=switches / duration_s if duration_s > 0 else 0.0,
@@ -1316,5 +1312,5 @@ def _result(
         mismatches=r.ex.status.mismatches,
         graph_us_median=statistics.median(r.graph_times_ns) / 1e3 if r.graph_times_ns else 0.0,
         graph_begin_ns=dict(r.graph_begin_ns),
-        requests_latency=per_request(r.token_times, r.request_begin),
+        requests_latency=latency,
     )

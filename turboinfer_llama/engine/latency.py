@@ -17,12 +17,17 @@ from .events import Event, EventKind
 
 
 class RequestLatency(NamedTuple):
-    """One request's tokens, time to its first token (ns) and mean gap between its
-    tokens (ns; NaN with a single token)."""
+    """One request's tokens, time to its first token and the sum of the gaps between
+    its tokens (ns)."""
 
     tokens: int
     ttft_ns: int
-    tpot_ns: float
+    gaps_ns: int
+
+    @property
+    def tpot_ns(self) -> float:
+        """The mean gap between its tokens (ns; NaN with a single token)."""
+        return self.gaps_ns / (self.tokens - 1) if self.tokens > 1 else float("nan")
 
 
 def per_request(
@@ -34,10 +39,18 @@ def per_request(
         times = token_ns[req]
         if not times or req not in begin_ns:
             continue
-        gaps = [y - x for x, y in itertools.pairwise(times)]
-        tpot = sum(gaps) / len(gaps) if gaps else float("nan")
-        out.append(RequestLatency(len(times), int(times[0] - begin_ns[req]), tpot))
+        gaps = sum(y - x for x, y in itertools.pairwise(times))
+        out.append(RequestLatency(len(times), int(times[0] - begin_ns[req]), int(gaps)))
     return tuple(out)
+
+
+def pooled_ms(requests: Sequence[RequestLatency]) -> tuple[float, float]:
+    """The run's TTFT (mean over requests) and TPOT (mean over every gap between two
+    tokens of a request), in ms; NaN where there is none."""
+    n_gaps = sum(q.tokens - 1 for q in requests)
+    ttft = sum(q.ttft_ns for q in requests) / len(requests) / 1e6 if requests else float("nan")
+    tpot = sum(q.gaps_ns for q in requests) / n_gaps / 1e6 if n_gaps else float("nan")
+    return ttft, tpot
 
 
 def per_request_of_events(events: Iterable[Event]) -> tuple[RequestLatency, ...]:
