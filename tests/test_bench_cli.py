@@ -120,6 +120,20 @@ def test_each_request_has_its_own_latency_against_the_defaults(recorded):
     assert all(q["tpot_change_vs_default"] == 0.0 for q in base)
 
 
+def test_the_json_gives_the_default_at_other_timer_phases_on_an_ondemand_gpu(recorded, tmp_path):
+    rec, report = recorded
+    assert report["default_timer_phases"] is None  # adreno650's msm-adreno-tz: no timer
+    out = tmp_path / "generic.json"
+    args = ["--replay", str(rec), "--device", "sim:generic", "--controllers", "default,tmpc"]
+    assert _bench(*args, "--no-timing", "--json", str(out)) == 0
+    doc = json.loads(out.read_text())
+    spread = doc["default_timer_phases"]
+    assert spread["governor"] == "simple_ondemand" and spread["simulated"] is True
+    assert spread["phases"] == 8 and spread["polling_ms"] == 50.0
+    assert spread["tpot_ms"]["this_run"] == doc["controllers"]["default"]["tpot_ms"]
+    assert spread["ttft_ms"]["this_run"] == doc["controllers"]["default"]["ttft_ms"]
+
+
 def test_replay_is_byte_identical(recorded, tmp_path):
     rec, _ = recorded
     outs = []

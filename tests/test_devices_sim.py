@@ -372,6 +372,29 @@ def test_simple_ondemand_rules() -> None:
     assert gpu.current_hz() == 350_000_000
 
 
+def test_simple_ondemand_timer_phase_moves_the_first_poll() -> None:
+    """``governor_phase_ns``: the first poll comes that much sooner, its window begun a
+    whole period before it, the GPU idle before the start."""
+    gpu = SimGpu("generic", governor="simple_ondemand", governor_phase_ns=30 * MS)
+    busy_pattern(gpu, 1 * MS, 0, 20 * MS)  # busy from the start to the poll at 20 ms
+    gpu.advance_to(25 * MS)
+    assert gpu.governor_decisions == 1
+    # 20 of the window's 50 ms busy (40%): 350 MHz * 0.4 * 100 / 87.5 = 160 -> 200 MHz
+    assert gpu.current_hz() == 200_000_000
+
+    same = SimGpu("generic", governor="simple_ondemand")  # phase 0: a period after start
+    busy_pattern(same, 1 * MS, 0, 20 * MS)
+    same.advance_to(25 * MS)
+    assert same.governor_decisions == 0 and same.current_hz() == 350_000_000
+
+    whole = SimGpu("generic", governor="simple_ondemand", governor_phase_ns=50 * MS)
+    busy_pattern(whole, 1 * MS, 0, 50 * MS)  # a whole period is phase 0
+    whole.advance_to(51 * MS)
+    assert whole.governor_decisions == 1 and whole.current_hz() == 800_000_000
+    with pytest.raises(ValueError, match="governor_phase_ns"):
+        SimGpu("generic", governor_phase_ns=-1)
+
+
 def test_simple_ondemand_drops_to_bottom_when_idle() -> None:
     gpu = SimGpu("generic", governor="simple_ondemand")
     gpu.run_gap(200 * MS, kind="idle", phase="idle")

@@ -701,11 +701,14 @@ def _device(
     governor: str | None,
     share: float,
     background: Sequence[tuple[int, float]],
+    governor_phase_ns: int = 0,
 ) -> SimGpu:
     """A fresh device for a profile; a given ``SimGpu`` (or a stand-in for one) as is,
     in userspace mode when ``governor`` is None (as replay runs every controller but
     ``default``)."""
     if not isinstance(profile, SimProfile):
+        if governor_phase_ns:
+            raise ValueError("a timer phase needs a fresh device: pass the profile")
         if governor is None:
             profile.governor = None
         return profile
@@ -714,6 +717,7 @@ def _device(
         governor=governor,
         background_share=share,
         background_schedule=list(background),
+        governor_phase_ns=governor_phase_ns,
     )
 
 
@@ -1119,10 +1123,12 @@ def default_shadow(
     *,
     background_share: float = 0.0,
     background: Sequence[tuple[int, float]] = (),
+    governor_phase_ns: int = 0,
 ) -> Account:
     """The same timeline under the device's default governor (the reference every
-    saving and latency change is measured against)."""
-    dev = _device(profile, "default", background_share, background)
+    saving and latency change is measured against); ``governor_phase_ns``: its polling
+    timer's phase (``SimGpu``), on a fresh device of the profile."""
+    dev = _device(profile, "default", background_share, background, governor_phase_ns)
     return _run(trace, dev, None)
 
 

@@ -33,6 +33,7 @@ from ..engine.segments import Segment
 from ..engine.timeline import Timeline
 from ..offload import CpuInferenceError
 from ..trace.record import TraceFormatError, load_trace, save_trace
+from .default_phases import default_phase_spread
 from .prompts import BUILTIN_PROMPTS
 from .timing import decode_tokens_per_s
 
@@ -861,6 +862,7 @@ def run_bench(
     live_figs: dict[str, Any] | None = None
     accounting: dict[str, Any] = {}
     oracle_bound: dict[str, Any] = {}
+    phases: dict[str, Any] | None = None
     interrupted = False
     try:
         with _gc_frozen_scope():
@@ -894,6 +896,8 @@ def run_bench(
                 accounting,
                 oracle_bound,
             )
+            if "default" in results:
+                phases = _default_phases(cfg, phone)
         if live and not cfg.replay and cfg.live_rounds > 0:
             live_figs = live_ab(cfg, model, progress)
     except KeyboardInterrupt:
@@ -905,5 +909,17 @@ def run_bench(
     # the oracle's Lagrangian dual bound (simulated, on its segment model): its
     # optimality gap
     report["oracle_bound"] = oracle_bound or None
+    # the default at other phases of its polling timer (simple_ondemand; simulated)
+    report["default_timer_phases"] = phases
     report["interrupted"] = interrupted
     return BenchOutcome(report, results, segments, intervals, interrupted)
+
+
+def _default_phases(cfg: BenchConfig, phone: list[Segment]) -> dict[str, Any] | None:
+    """``bench.default_phases`` on the simulated device's profile; None elsewhere."""
+    dev = _open_sim(cfg.device)
+    try:
+        profile = getattr(dev, "profile", None)
+    finally:
+        dev.close()
+    return default_phase_spread(phone, profile) if profile is not None else None

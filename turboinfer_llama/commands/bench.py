@@ -183,6 +183,7 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from ..bench.default_phases import spread_line
     from ..bench.report import accounting_line, live_line, table, write_csv, write_trace
     from ..bench.runner import BenchError, preflight, run_bench
 
@@ -214,7 +215,7 @@ def _run(args: argparse.Namespace, cfg: Any, device: Any, meter: Any) -> int:
     report = outcome.report
     if report["controllers"]:
         console.print(table(report))
-    for line in (live_line(report), accounting_line(report)):
+    for line in (live_line(report), accounting_line(report), spread_line(report)):
         if line:
             console.print(line)
     if args.json_path:

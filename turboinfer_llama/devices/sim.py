@@ -406,8 +406,16 @@ class SimGpu:
         start_ns: int = 0,
         record_intervals: bool = False,
         background_schedule: list[tuple[int, float]] | None = None,
+        governor_phase_ns: int = 0,
     ) -> None:
         self.profile = profile if isinstance(profile, SimProfile) else load_profile(profile)
+        if governor_phase_ns < 0:
+            raise ValueError(f"governor_phase_ns must be >= 0, got {governor_phase_ns}")
+        # simple_ondemand's polling timer: its first poll comes this much (modulo the
+        # period) sooner than one period after the governor is set. A real device's
+        # timer runs from its own boot, so where its polls fall against the workload
+        # is arbitrary: bench.default_phases runs the default at several
+        self._governor_phase_ns = int(governor_phase_ns)
         if switch_path not in SWITCH_PATHS:
             raise ValueError(f"switch_path must be one of {', '.join(SWITCH_PATHS)}")
         p = self.profile
@@ -923,9 +931,13 @@ class SimGpu:
             self._reset_window()
             self._tz_last_call_ns = None
             self._tz_lazy = self.profile.tz_laziness
-            self._next_poll_ns = (
-                self._t + self.profile.ondemand_polling_ns if name == "simple_ondemand" else None
-            )
+            self._next_poll_ns = None
+            if name == "simple_ondemand":
+                period = self.profile.ondemand_polling_ns
+                self._next_poll_ns = self._t + period - self._governor_phase_ns % period
+                # the first window began a period before that poll, the GPU idle
+                # before the start
+                self._window = _Window(self._next_poll_ns - period, self.busy_ns)
 
     @property
     def background_share(self) -> float:
