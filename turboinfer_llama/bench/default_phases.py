@@ -2,11 +2,12 @@
 
 simple_ondemand decides on a fixed polling timer (``ondemand_polling_ms``) that runs
 from the device's boot, so where its polls fall against a run is arbitrary, and on a
-multi-stable GPU it decides which level the default settles at: on sim mali-g76 an
-11-token prompt keeps a 100 ms window at most 95.5% busy, so a poll that splits the
-prompt leaves the default at its 260 MHz initial level for the whole request, while one
-whose window holds the prompt (over the 90% threshold) sends it to the top, from which
-it settles at 325 MHz. The benchmark's default runs at one phase (its first poll one
+multi-stable GPU it decides which level the default settles at. On sim mali-g76 (stop
+37's gemma recording) the first request's 11-token prompt keeps a 100 ms window at most
+95.5% busy: at 4 of 8 phases a window holds it (over the 90% threshold), the default
+goes to the top and settles at 39.4-39.9 ms a token; at the other 4 the polls split
+it and the default stays at or below its 260 MHz initial level, 49.8-60.7 ms a token.
+The benchmark's default runs at one phase (its first poll one
 period after the start); this runs the same timeline at ``PHASES`` phases, evenly
 spread, so a reader sees how much of each controller's figure against the default is
 the timer's luck -- and the hindsight baselines (``phase``, ``static-best``, the
