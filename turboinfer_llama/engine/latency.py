@@ -1,9 +1,10 @@
 """Each request's own TTFT and TPOT, beside the run's pooled figures.
 
 A run's mean TTFT and TPOT can hide where a controller spends its latency: on sim
-mali-g76 the default governor stays at its 260 MHz initial level through the whole
-first request, and tmpc's first request came out 21% under the default's TPOT while
-the later ones sat 0.3-1.7% over it (stop 37, gemma recording). One definition serves
+mali-g76 (at the benchmark's timer phase, see ``bench.default_phases``) the default
+governor stays at its 260 MHz initial level through the whole first request, and
+tmpc's first request came out 21% under the default's TPOT while the later ones sat
+0.3-1.7% over it (stop 37, gemma recording, 2%; simulated). One definition serves
 the replay, the accounting and live runs, so their per-request figures compare.
 """
 
