@@ -146,15 +146,20 @@ def _open_sim(spec: str, record_intervals: bool = False) -> Any:
     return dev
 
 
+def _sim_profile(spec: str) -> Any:
+    """The simulator profile of device ``spec`` (None for a device without one)."""
+    dev = _open_sim(spec)
+    try:
+        return getattr(dev, "profile", None)
+    finally:
+        dev.close()
+
+
 def phone_trace(device: str, segments: list[Segment]) -> list[Segment]:
     """The recorded segments as the simulated phone runs them (its host model: enqueue
     and submission gaps instead of the recording host's, per-token CPU work scaled)."""
-    dev = _open_sim(device)
-    try:
-        profile = getattr(dev, "profile", None)
-        return phone_segments(segments, profile) if profile is not None else list(segments)
-    finally:
-        dev.close()
+    profile = _sim_profile(device)
+    return phone_segments(segments, profile) if profile is not None else list(segments)
 
 
 # a trace this long (segments) replays its controllers in worker processes (fork: the
@@ -499,9 +504,7 @@ def _account_check(
     the shared trace's build on top) and its deviation from the replay."""
     from ..accounting import PhoneTrace, default_shadow
 
-    dev = _open_sim(cfg.device)
-    profile = dev.profile
-    dev.close()
+    profile = _sim_profile(cfg.device)
     trace = PhoneTrace.shared(segments, profile)
     build_ms = trace.build_cpu_ms
     shadow = checks.get(_SHADOW)
@@ -917,9 +920,5 @@ def run_bench(
 
 def _default_phases(cfg: BenchConfig, phone: list[Segment]) -> dict[str, Any] | None:
     """``bench.default_phases`` on the simulated device's profile; None elsewhere."""
-    dev = _open_sim(cfg.device)
-    try:
-        profile = getattr(dev, "profile", None)
-    finally:
-        dev.close()
+    profile = _sim_profile(cfg.device)
     return default_phase_spread(phone, profile) if profile is not None else None
