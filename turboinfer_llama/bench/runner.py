@@ -32,6 +32,7 @@ from ..engine.latency import per_request_of_events, pooled_ms
 from ..engine.segments import Segment
 from ..engine.timeline import Timeline
 from ..offload import CpuInferenceError
+from ..settings import PowerSettings
 from ..trace.record import TraceFormatError, load_trace, save_trace
 from .default_phases import default_phase_spread
 from .prompts import BUILTIN_PROMPTS
@@ -48,6 +49,13 @@ class BenchError(Exception):
     """A user-facing benchmark error (bad model, device, controller or file)."""
 
 
+# the live loop's default granularity (``PowerSettings.granularity``): the bench and the
+# sweep replay the controllers at it, so a figure describes the loop a user runs (at
+# ``kernel`` tmpc's executor raises the clock as soon as a kernel completes late, which
+# the default loop cannot do: it sees no completion during compute)
+LIVE_GRANULARITY: str = PowerSettings.model_fields["granularity"].default
+
+
 @dataclass
 class BenchConfig:
     model: str | None = None
@@ -60,7 +68,9 @@ class BenchConfig:
     latency_slack: float = 0.02
     repeats: int = 1
     seed: int = 0
-    granularity: str = "kernel"
+    # the controllers' loop: what they are replayed at on the simulator and the hook's
+    # on a real device (``LIVE_GRANULARITY`` unless asked otherwise)
+    granularity: str = LIVE_GRANULARITY
     live_rounds: int = 3
     record: str | None = None
     replay: str | None = None
@@ -108,8 +118,15 @@ def resolve_model(model: str | None) -> str:
     return path
 
 
+# a recording for the simulator is made at kernel granularity whatever the loop's: its
+# every kernel's host time and shape go into the phone's trace (``phone_trace``), and
+# a replay at any granularity takes from it what that granularity sees
+RECORD_GRANULARITY = "kernel"
+
+
 def record_runs(cfg: BenchConfig, model: str, progress: Progress | None = None) -> list[Event]:
-    """Run the real engine over every prompt and repeat, observing only."""
+    """Run the real engine over every prompt and repeat, observing only (at
+    ``RECORD_GRANULARITY``)."""
     from ..llama import Llama
 
     total = len(cfg.prompts) * cfg.repeats
@@ -119,7 +136,7 @@ def record_runs(cfg: BenchConfig, model: str, progress: Progress | None = None) 
         n_threads=cfg.threads,
         seed=cfg.seed,
         verbose=False,
-        power={"granularity": cfg.granularity, "controller": "none"},
+        power={"granularity": RECORD_GRANULARITY, "controller": "none"},
     ) as llm:
         assert llm.power is not None
         done = 0
@@ -281,7 +298,7 @@ def _prepare(cfg: BenchConfig, segments: list[Segment]) -> None:
         with _gc_paused(freeze=True):
             if hasattr(dev, "profile"):
                 PhoneTrace.shared(segments, dev.profile)
-                prepare(segments, dev)
+                prepare(segments, dev, cfg.granularity)
     finally:
         dev.close()
 
@@ -389,7 +406,7 @@ def _replay_one(
             seed=cfg.seed,
         )
         log = _log_issued(dev) if want_issued and hasattr(dev, "profile") else None
-        res = replay(segments, ctrl, dev, seed=cfg.seed)
+        res = replay(segments, ctrl, dev, seed=cfg.seed, granularity=cfg.granularity)
         iv = list(dev.intervals) if dev.record_intervals else None
         return res, iv, (_check_one(dev, segments, name, log) if log is not None else None), None
     finally:

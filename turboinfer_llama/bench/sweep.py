@@ -121,15 +121,17 @@ def design(
 # ---- one point (runs in a worker process) --------------------------------------------
 
 _RAW: list[Any] | None = None
+_GRANULARITY: str | None = None  # the causal controllers' loop (None: the live default)
 
 
-def _init(recording: str) -> None:
-    global _RAW
+def _init(recording: str, granularity: str | None = None) -> None:
+    global _RAW, _GRANULARITY
     from ..trace.record import load_trace
     from .runner import segments_of
 
     events, _ = load_trace(recording)
     _RAW = segments_of(events)
+    _GRANULARITY = granularity
 
 
 def _profile_of(point: Point) -> Any:
@@ -147,13 +149,20 @@ def _profile_of(point: Point) -> Any:
     )
 
 
-def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """Every controller at one point: figures relative to ``default`` (fractions)."""
+def evaluate(
+    point: Point, raw: Sequence[Any] | None = None, seed: int = 0, granularity: str | None = None
+) -> dict[str, Any]:
+    """Every controller at one point: figures relative to ``default`` (fractions). The
+    causal controllers are replayed at ``granularity`` (None: the live loop's default,
+    ``runner.LIVE_GRANULARITY``)."""
     from ..accounting import PhoneTrace, default_shadow, phone_segments
     from ..control.baselines.hindsight import PhaseSplit, StaticBest
     from ..control.factory import for_device, make_controller
     from ..control.replay import replay
     from ..devices.sim import SimGpu
+    from .runner import LIVE_GRANULARITY
+
+    gran = granularity or _GRANULARITY or LIVE_GRANULARITY
 
     segs = raw if raw is not None else _RAW
     if segs is None:
@@ -207,7 +216,7 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
             device_factory=factory,
             seed=seed,
         )
-        r = replay(phone, ctl, dev, seed=seed)
+        r = replay(phone, ctl, dev, seed=seed, granularity=gran)
         figures[name] = (r.energy_j, r.tpot_ms, r.ttft_ms)
     base_e, base_tpot, base_ttft = figures["default"]
     oracle_saving = 1.0 - figures["oracle"][0] / base_e
@@ -224,6 +233,7 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
     return {
         "profile": point.profile,
         "slack": point.slack,
+        "granularity": gran,
         "design": point.design,
         "params": point.params,
         "chosen_hz": chosen,
@@ -253,10 +263,12 @@ def run_sweep(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     partial: Callable[[dict[str, Any]], None] | None = None,
+    granularity: str | None = None,
 ) -> dict[str, Any]:
     """Run every point (a process pool over all cores) and return the JSON document.
     ``partial`` receives the document with the points finished so far after each one
-    (``"complete": false``), so a long sweep can be saved as it goes."""
+    (``"complete": false``), so a long sweep can be saved as it goes. The causal
+    controllers are replayed at ``granularity`` (None: the live loop's default)."""
     points = design(profiles, slacks, lhs=lhs, seed=seed)
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
     results: list[dict[str, Any] | None] = [None] * len(points)
@@ -266,7 +278,7 @@ def run_sweep(
         return _document(recording, profiles, slacks, lhs, seed, results, complete)
 
     if n_workers == 1:
-        _init(recording)
+        _init(recording, granularity)
         for i, pt in enumerate(points):
             results[i] = evaluate(pt, seed=seed)
             done += 1
@@ -276,7 +288,7 @@ def run_sweep(
                 partial(document(False))
     else:
         with ProcessPoolExecutor(
-            max_workers=n_workers, initializer=_init, initargs=(recording,)
+            max_workers=n_workers, initializer=_init, initargs=(recording, granularity)
         ) as pool:
             futures = {pool.submit(_evaluate_in_worker, pt): i for i, pt in enumerate(points)}
             for fut in as_completed(futures):

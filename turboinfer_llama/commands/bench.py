@@ -64,8 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--granularity",
         choices=("graph", "layer", "kernel"),
         default=None,
-        help="hook granularity (default: kernel when recording for the simulator; graph "
-        "on a real device, where each observed node forces a GPU sync: docs/gpu-backends.md)",
+        help="the controllers' loop granularity (default: graph, the live default, where no "
+        "node is observed during compute; layer and kernel force a GPU sync per observed "
+        "node on a real device: docs/gpu-backends.md). On the simulator the recording is "
+        "made at kernel granularity and the controllers are replayed at this one",
     )
     p.add_argument("--live-rounds", type=int, default=3, help="live on/off A/B rounds (0: skip)")
     p.add_argument(
@@ -89,7 +91,7 @@ def _positive(value: int, flag: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.prompts import PromptsError, load_prompts
-    from ..bench.runner import ALL_CONTROLLERS, BenchConfig
+    from ..bench.runner import ALL_CONTROLLERS, LIVE_GRANULARITY, BenchConfig
 
     for v, f in (
         (args.max_tokens, "--max-tokens"),
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         latency_slack=args.latency_slack,
         repeats=args.repeats,
         seed=args.seed,
-        granularity=args.granularity or "kernel",
+        granularity=args.granularity or LIVE_GRANULARITY,
         live_rounds=args.live_rounds,
         record=args.record,
         replay=args.replay,
@@ -140,8 +142,6 @@ def run(args: argparse.Namespace) -> int:
         intervals=bool(args.plot_path or args.trace_path),
     )
     device, meter = _open_hardware(args.device, args.meter)
-    if device is not None and args.granularity is None:
-        cfg.granularity = "graph"  # no forced syncs while a real GPU runs the model
     try:
         return _run(args, cfg, device, meter)
     finally:

@@ -37,6 +37,13 @@ def register(sub: Any) -> None:
     p.add_argument("--lhs", type=int, default=2, help="Latin hypercube points per profile")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    p.add_argument(
+        "--granularity",
+        choices=("graph", "layer", "kernel"),
+        default=None,
+        help="the loop granularity the causal controllers are replayed at (default: graph, "
+        "the live default)",
+    )
     p.add_argument("--plot", dest="plot_path", help="write a Pareto plot (needs matplotlib)")
     p.set_defaults(func=run)
 
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 workers=args.workers,
                 progress=progress,
                 partial=save,
+                granularity=args.granularity,
             )
         except SweepError as e:
             raise CliError(str(e)) from e
