@@ -8,6 +8,7 @@ from turboinfer_llama.control.default_bound import OndemandBound
 from turboinfer_llama.control.factory import for_device, make_controller
 from turboinfer_llama.control.replay import replay
 from turboinfer_llama.control.synthetic import make_trace
+from turboinfer_llama.control.tmpc import TubeMPC
 from turboinfer_llama.devices.sim import SimGpu, load_profile
 
 MS = 1_000_000
@@ -356,3 +357,50 @@ def test_no_prompt_ramps_longer_than_the_ramped_plans_are_made_for(profile, monk
     ms = [round(r / 1e6, 1) for r in ramps_ns]
     print(f"\n{profile}: ramps {ms} ms, at most {longest_ns / 1e6:.1f} ms")
     assert max(ramps_ns) <= longest_ns
+
+
+def test_graphs_run_wholly_at_the_bounds_level_teach_the_tube(monkeypatch):
+    """A decode graph that tmpc runs wholly at the default's bound level costs no debt;
+    its time at that one level is still a measurement of the model, and the tube learns
+    from it like any planned graph's. (Not learnt from, a request's first plans set the
+    tube and nothing moved it while the decode ran at the bound's level: on sim
+    mali-g76 at graph granularity, gemma recording, 2%, the tube stayed at 0.079, the
+    bound built with it sat a level high, and tmpc ran 12% under the default's TPOT.)"""
+    from turboinfer_llama.control.forecast import StallStats
+
+    trace = make_trace(requests=2, decode_tokens=32, model="gemma-3-270m")
+    dev = SimGpu(load_profile("mali-g76"))
+    ctl = make_controller("tmpc", latency_slack=0.02, **for_device(dev))
+    assert isinstance(ctl, TubeMPC)
+    wholly: set[int] = set()
+    plan_wholly = ctl._plan_wholly
+
+    def watched_plan(tpl, target, lv):
+        wholly.add(target)
+        plan_wholly(tpl, target, lv)
+
+    ctl._plan_wholly = watched_plan  # type: ignore[method-assign]
+    now: list[int] = [-1]
+    taught: set[int] = set()
+    real_update = StallStats.update
+
+    def update(self, value):
+        if self is ctl.rel_err:
+            taught.add(now[0])
+        real_update(self, value)
+
+    monkeypatch.setattr(StallStats, "update", update)
+    on_graph = ctl.on_graph
+    ran: set[int] = set()
+
+    def watched_graph(b):
+        now[0] = b.graph
+        if b.phase == "decode":
+            ran.add(b.graph)
+        return on_graph(b)
+
+    ctl.on_graph = watched_graph  # type: ignore[method-assign]
+    replay(trace, ctl, dev, granularity="graph")
+    at_bound = wholly & ran
+    assert len(at_bound) >= 5
+    assert at_bound <= taught

@@ -2003,6 +2003,29 @@ class TubeMPC(ControllerDefaults):
             out.append(Switch(Anchor.NODE, int(first), -1, int(ends[-1])))
         return out
 
+    def _plan_wholly(self, tpl: PhaseTemplate, target: int, lv: int) -> None:
+        """What a plan that runs graph ``target`` wholly at ``lv`` (the default's bound
+        level) predicts, so that the tube and the gain learn from the graph: it commits
+        no debt (it is no slower than the default's). Only where measured time follows
+        the clock, as for solved plans.
+
+        (Not kept, a run of such graphs taught nothing: on sim mali-g76 replayed at
+        ``graph`` granularity (gemma recording, 2%) the tube stayed at 0.079 from the
+        request's first plans through every later graph, the default's bound built
+        with it sat a level above the kernel-granularity run's, and tmpc ran -12.1%
+        TPOT for -3.3% saving; with them, -6.8% and -1.2%.)"""
+        if not self.clock_coupled:
+            return
+        ref_1 = max(float(tpl.graph_ns[self.top]), self._last_ref_ns.get("decode", 0.0))
+        self._planned[target] = _Planned(
+            tpl.n,
+            float(tpl.graph_ns[lv]),
+            float(tpl.block_ns[:, self.top].sum()),
+            0.0,
+            ref_1,
+            0.0,
+        )
+
     def _block_switches(
         self, tpl: PhaseTemplate, blocks: np.ndarray, scale: float = 1.0
     ) -> tuple[list[Switch], float]:
@@ -2167,6 +2190,8 @@ class TubeMPC(ControllerDefaults):
             lv = self.top if env is None else env
             if tpl is not None and env is None:
                 self._probe_for["decode"] = target
+            if env is not None:
+                self._plan_wholly(tpl, target, env)
             return Plan(
                 first_level=lv,
                 end_level=0 if droppable else -1,
@@ -2274,6 +2299,7 @@ class TubeMPC(ControllerDefaults):
             # run it there (it is no slower than the default's, so it costs no debt;
             # a plan around that level whose reference sits a little below the level's
             # own time mixes in higher levels for the difference, at a higher cost)
+            self._plan_wholly(tpl, target, env_lv)
             return Plan(
                 first_level=env_lv,
                 end_level=0 if droppable else -1,
