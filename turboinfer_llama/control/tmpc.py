@@ -2190,7 +2190,7 @@ class TubeMPC(ControllerDefaults):
             lv = self.top if env is None else env
             if tpl is not None and env is None:
                 self._probe_for["decode"] = target
-            if env is not None:
+            if tpl is not None and env is not None:
                 self._plan_wholly(tpl, target, env)
             return Plan(
                 first_level=lv,
