@@ -834,8 +834,8 @@ class TubeMPC(ControllerDefaults):
         slower than measured; the time scale fell with each mixed-level graph while the
         learnt gain rose, and the plans swung between low and high levels every few
         graphs. Sim adreno650, gemma recording replayed at ``graph`` granularity, 2%:
-        16.1% saving, 9 top-level probes -> 20.6%, 5 probes, the relative error's upper quantile
-        0.08-0.11 -> 0.005.)"""
+        16.1% -> 20.6% saving, 9 -> 5 top-level probes, the relative error's upper
+        quantile 0.08-0.11 -> 0.005.)"""
         n = b.n
         done = b.done_ns >= 0
         n_done = int(np.count_nonzero(done))
@@ -1507,19 +1507,16 @@ class TubeMPC(ControllerDefaults):
         gap = tpl.gap_blocks
         if r <= 0 or gap is None:  # no measured gaps (graph granularity): no such block
             return 0.0
-        top_t = block_ns[:, self.top]
-        start = np.cumsum(top_t) - top_t
-        start[~gap] = 0.0
-        return (r * start)[:, None] * self._clock_slowdown[None, :]
+        return self._open_loop_risk(block_ns, np.where(gap, r, 0.0))
 
-    def _open_loop_risk(self, block_ns: np.ndarray, err: float) -> np.ndarray:
-        """Time each block's level risks where a graph runs open-loop on its plan
-        (``graph`` granularity: no completion is seen during compute, every switch is
-        timed from the graph's start): a switch lands where the graph is after the
-        predicted time of its block's start, which is off by up to ``err`` of that
-        offset, so that much of the neighbouring work runs at the block's level,
-        slowed by its clock ratio. A level late in the graph risks the most, so an
-        open-loop plan runs its low levels early.
+    def _open_loop_risk(self, block_ns: np.ndarray, err: float | np.ndarray) -> np.ndarray:
+        """Time each block's level risks where its switch is timed from the graph's
+        start (every block at ``graph`` granularity, where no completion is seen during
+        compute; a gap block's raise elsewhere): the switch lands where the graph is
+        after the predicted time of the block's start, which is off by up to ``err``
+        (per block, or one for all) of that offset, so that much of the neighbouring
+        work runs at the block's level, slowed by its clock ratio. A level late in the
+        graph risks the most, so an open-loop plan runs its low levels early.
 
         (Without it, the 968-token prompt of the gemma recording, its time predicted
         16% short from an 11-token prompt's fit, ran its last block's drop at 82% of
