@@ -472,3 +472,40 @@ def test_drift_window_equals_the_numpy_lines(profile):
         assert got == ref
         hits += got[0] >= 0
     assert 300 < hits < 2900
+
+
+def test_the_bench_replays_the_controllers_at_the_live_loops_granularity(tmp_path, monkeypatch):
+    """A figure describes the loop a user runs: the causal controllers are replayed at
+    ``PowerSettings``' default granularity unless another is asked for, and the JSON
+    says which (the recording stays at kernel granularity)."""
+    import gzip
+    from pathlib import Path
+
+    import turboinfer_llama.bench.runner as runner
+    from turboinfer_llama.settings import PowerSettings
+
+    path = tmp_path / "trace.json"
+    with gzip.open(Path(__file__).parent / "data/gemma3_270m_10tok.json.gz", "rb") as f:
+        path.write_bytes(f.read())
+    seen: list[str] = []
+    real = runner.replay
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["granularity"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "replay", spy)
+    live = PowerSettings().granularity
+    assert runner.BenchConfig().granularity == live == "graph"
+    reports = {}
+    for gran in (None, "kernel"):
+        extra = {} if gran is None else {"granularity": gran}
+        cfg = runner.BenchConfig(
+            controllers=["default", "tmpc"], replay=str(path), timing=False, workers=1, **extra
+        )
+        seen.clear()
+        reports[gran] = runner.run_bench(cfg, live=False).report
+        assert seen == [gran or live]  # tmpc, replayed; default is accounted
+        assert reports[gran]["granularity"] == (gran or live)
+    # the two loops differ: at kernel granularity the executor also acts on completions
+    assert reports[None]["controllers"]["tmpc"] != reports["kernel"]["controllers"]["tmpc"]
