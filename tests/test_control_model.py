@@ -185,16 +185,27 @@ def test_a_refit_lands_on_the_simulated_mali_roofline(compute_scale):
 @pytest.mark.parametrize("loose", [False, True])
 def test_a_right_estimate_is_not_refitted_away(loose, monkeypatch):
     """On the simulated adreno650 the prior is right (it is the reference machine), yet
-    on the decision-time bench's synthetic trace the decode fit's residual runs near
-    10%. A refit triggered at 5% and taken at half the error moved the estimate away
-    from the truth (th_c 1.0 -> 1.5 -> 0.69): shown with ``loose``, so the test can
-    fail. At 15% and a quarter it stays put."""
+    a fit can be noisy: here each graph's nodes are placed in time by cost weight alone
+    (as tmpc placed them at graph granularity before stop 38, taking no account of the
+    clock), and on the decision-time bench's synthetic trace the decode fit's residual
+    runs near 10%. A refit triggered at 5% and taken at half the error moved the
+    estimate away from the truth (th_c 1.0 -> 1.5): shown with ``loose``, so the test
+    can fail. At 15% and a quarter it stays put."""
     from turboinfer_llama.control import model as model_mod
     from turboinfer_llama.control.factory import for_device, make_controller
     from turboinfer_llama.control.replay import replay
     from turboinfer_llama.control.synthetic import make_trace
+    from turboinfer_llama.control.tmpc import TubeMPC
     from turboinfer_llama.devices.sim import SimGpu
 
+    def weight_spans(self, b):
+        ends = b.t_first_ns + (b.t_end_ns - b.t_first_ns) * self._weight_share(b)
+        starts = np.empty(b.n)
+        starts[0] = b.t_first_ns
+        starts[1:] = ends[:-1]
+        return starts, ends
+
+    monkeypatch.setattr(TubeMPC, "_node_spans", weight_spans)
     if loose:
         monkeypatch.setattr(model_mod, "REFIT_RESID", 0.05)
         monkeypatch.setattr(model_mod, "REFIT_GAIN", 0.5)
