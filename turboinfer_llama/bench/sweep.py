@@ -149,12 +149,10 @@ def _profile_of(point: Point) -> Any:
     )
 
 
-def evaluate(
-    point: Point, raw: Sequence[Any] | None = None, seed: int = 0, granularity: str | None = None
-) -> dict[str, Any]:
+def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> dict[str, Any]:
     """Every controller at one point: figures relative to ``default`` (fractions). The
-    causal controllers are replayed at ``granularity`` (None: the live loop's default,
-    ``runner.LIVE_GRANULARITY``)."""
+    causal controllers are replayed at the granularity ``_init`` was given (None: the
+    live loop's default, ``runner.LIVE_GRANULARITY``)."""
     from ..accounting import PhoneTrace, default_shadow, phone_segments
     from ..control.baselines.hindsight import PhaseSplit, StaticBest
     from ..control.factory import for_device, make_controller
@@ -162,7 +160,7 @@ def evaluate(
     from ..devices.sim import SimGpu
     from .runner import LIVE_GRANULARITY
 
-    gran = granularity or _GRANULARITY or LIVE_GRANULARITY
+    gran = _GRANULARITY or LIVE_GRANULARITY
 
     segs = raw if raw is not None else _RAW
     if segs is None:

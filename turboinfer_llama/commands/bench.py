@@ -25,6 +25,7 @@ def register(sub: Any) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..bench.runner import ALL_CONTROLLERS, DEFAULT_CONTROLLERS
     from ..control.factory import CONTROLLER_NAMES
+    from ..settings import GRANULARITIES
 
     p.add_argument("--model", help="GGUF path (default: gemma-3-270m from PyPI)")
     p.add_argument("--prompts", help="prompts file: JSON list or one per line")
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--granularity",
-        choices=("graph", "layer", "kernel"),
+        choices=GRANULARITIES,
         default=None,
         help="the controllers' loop granularity (default: graph, the live default, where no "
         "node is observed during compute; layer and kernel force a GPU sync per observed "

@@ -13,6 +13,7 @@ from . import CliError, check_writable, require_matplotlib
 
 def register(sub: Any) -> None:
     from ..bench.sweep import DEFAULT_PROFILES, DEFAULT_SLACKS
+    from ..settings import GRANULARITIES
 
     p = sub.add_parser(
         "sweep",
@@ -39,7 +40,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument(
         "--granularity",
-        choices=("graph", "layer", "kernel"),
+        choices=GRANULARITIES,
         default=None,
         help="the loop granularity the causal controllers are replayed at (default: graph, "
         "the live default)",

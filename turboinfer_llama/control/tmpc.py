@@ -843,7 +843,7 @@ class TubeMPC(ControllerDefaults):
             return b.ask_ns.astype(np.float64), b.done_ns.astype(np.float64)
         if n_done == 0:  # graph granularity: the planned share, else the weights'
             p = self._planned.get(b.graph)
-            share = p.share if p is not None and p.share is not None else None
+            share = p.share if p is not None else None
             if share is None or len(share) != n:
                 share = self._weight_share(b)
             ends = float(b.t_first_ns) + (b.t_end_ns - b.t_first_ns) * share
