@@ -178,7 +178,7 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
         schedule = [(d // 3, min(share + BACKGROUND_STEP, 0.9)), (2 * d // 3, share)]
 
     def factory() -> SimGpu:
-        return SimGpu(prof, background_share=share, background_schedule=schedule)
+        return SimGpu(prof, background_share=share, background_schedule=schedule, host_model=True)
 
     slack = point.slack
     figures: dict[str, tuple[float, float, float]] = {}  # energy_j, tpot_ms, ttft_ms

@@ -30,13 +30,16 @@ def make_controller(
     seed: int = 0,
     oracle_refine: int = 8,
     clock_coupled: bool = True,
+    submit_batch_nodes: int | None = None,
 ) -> Controller:
     """Build a controller. ``power``/``shadow`` describe the device (power per level,
     its default governor's rules; see ``for_device``). The offline ones (``oracle``,
     ``static-best``, ``phase``) need ``trace`` (the whole run, as replay will run it)
     and ``device_factory`` (a fresh simulator per call). ``clock_coupled`` False: the
     graph times the controller will measure do not follow the clock it sets (the
-    simulated device, live; ``TubeMPC.clock_coupled``)."""
+    simulated device, live; ``TubeMPC.clock_coupled``). ``submit_batch_nodes``: the
+    engine backend's kernels per submission, where the device knows
+    (``Capabilities.submit_batch_nodes``; tmpc places a graph's host time there)."""
     levels = sorted(int(h) for h in device_levels_hz)
     if not levels:
         raise ValueError("device_levels_hz is empty")
@@ -79,6 +82,7 @@ def make_controller(
             shadow=shadow,
             horizon=horizon,
             clock_coupled=clock_coupled,
+            submit_batch_nodes=submit_batch_nodes,
         )
     if name == "ztt":
         from .baselines.ztt import ZttQLearning
@@ -111,4 +115,5 @@ def for_device(device: Any) -> dict[str, Any]:
         "switch_latency_ns": device.capabilities.switch_latency_ns,
         "power": PowerTable.from_device(device),
         "shadow": ShadowParams.from_device(device),
+        "submit_batch_nodes": device.capabilities.submit_batch_nodes,
     }

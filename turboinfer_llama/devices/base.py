@@ -60,7 +60,11 @@ class Counters:
 class Capabilities:
     """What a backend can do. ``switch_latency_ns`` is the time from ``set_hz`` until
     the new clock is in effect (measured or from the profile; ``switch_latency_source``
-    says which)."""
+    says which). ``submit_batch_nodes``: where known, the kernels the engine's GPU
+    backend records per submission, the GPU idle while it records the next batch (the
+    simulator's phone host model, where it is applied: ``SimGpu(host_model=True)``);
+    None where unknown: every real device today (ggml-vulkan submits about every 100
+    nodes, or sooner by matrix bytes, a rule not modelled here)."""
 
     can_set: bool
     has_pmu: bool
@@ -68,6 +72,7 @@ class Capabilities:
     switch_latency_ns: int
     switch_latency_source: str = ""
     notes: tuple[str, ...] = ()
+    submit_batch_nodes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -407,8 +407,15 @@ class SimGpu:
         record_intervals: bool = False,
         background_schedule: list[tuple[int, float]] | None = None,
         governor_phase_ns: int = 0,
+        host_model: bool = False,
     ) -> None:
         self.profile = profile if isinstance(profile, SimProfile) else load_profile(profile)
+        # the work it runs comes through the profile's phone host model
+        # (``accounting.phone_segments``; the benchmark, the sweep and the live account):
+        # then it says where the backend submits (``Capabilities.submit_batch_nodes``).
+        # A trace replayed as it is (a synthetic one: a gap before every kernel) has
+        # its own host, and the profile's batches would be a false claim there
+        self.host_model = host_model
         if governor_phase_ns < 0:
             raise ValueError(f"governor_phase_ns must be >= 0, got {governor_phase_ns}")
         # simple_ondemand's polling timer: its first poll comes this much (modulo the
@@ -432,6 +439,7 @@ class SimGpu:
             switch_latency_source=f"profile {p.name}: "
             + p.notes.get(f"switch_latency_{switch_path}_us", ""),
             notes=("simulated",),
+            submit_batch_nodes=p.submit_batch_nodes if host_model else None,
         )
         self._lock = threading.RLock()
         self._levels = list(p.levels_hz)
@@ -1228,6 +1236,8 @@ def available(arg: str | None = None, *, root: str = "/") -> tuple[bool, str]:
 
 
 def open_backend(arg: str | None = None, *, root: str = "/") -> SimGpu:
-    gpu = SimGpu(arg or DEFAULT_PROFILE)
+    # what runs on an opened device (the benchmark's replays, the live account) comes
+    # through the phone host model
+    gpu = SimGpu(arg or DEFAULT_PROFILE, host_model=True)
     log.info("using the simulated GPU %s (all energy figures are simulated)", gpu.name)
     return gpu
