@@ -220,3 +220,14 @@ def test_a_right_estimate_is_not_refitted_away(loose, monkeypatch):
     else:
         assert pm.refits == 0
         assert pm.theta[0] == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_simulators_power_table_carries_its_switch_energy():
+    """Every applied change costs the profile's ``switch_energy_j`` in the simulator;
+    the controller's table says so too (it said 0 J, written before switches cost)."""
+    from turboinfer_llama.control.model import PowerTable
+    from turboinfer_llama.devices.sim import SimGpu, load_profile
+
+    p = load_profile("adreno650")
+    assert p.switch_energy_j > 0
+    assert PowerTable.from_device(SimGpu(p)).switch_j == p.switch_energy_j

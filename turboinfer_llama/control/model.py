@@ -154,7 +154,8 @@ class PowerTable:
                 np.asarray(levels, dtype=np.float64),
                 np.array([power_w(h, "busy") for h in levels]),
                 np.array([power_w(h, "idle") for h in levels]),
-                0.0,
+                # what the simulator charges every applied change
+                float(getattr(profile, "switch_energy_j", 0.0) or 0.0),
                 f"{device.name} power model (simulated)",  # type: ignore[attr-defined]
                 slow,
             )
