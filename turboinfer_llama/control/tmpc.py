@@ -1011,7 +1011,7 @@ class TubeMPC(ControllerDefaults):
             _, ratio, coupling = pm.level_terms(self.levels_hz)
             g.tabulate(
                 pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host),
-                self._worst_ratio, self._seen_for(phase),
+                self._worst_ratio, self._seen_for(phase), self.switch_latency_ns,
             )  # fmt: skip
             self._templates[phase] = g
             # the graph at the top level under the model, before the time scale
@@ -1743,7 +1743,7 @@ class TubeMPC(ControllerDefaults):
         gaps = None if aff.host_node is None else np.tile(aff.host_node, k)
         tpl.tabulate(
             aff.theta, aff.ratio, aff.coupling, aff.host_ns * k, self.power, aff.scale, gaps,
-            self._worst_ratio, aff.seen,
+            self._worst_ratio, aff.seen, self.switch_latency_ns,
         )  # fmt: skip
         return tpl
 

@@ -94,6 +94,7 @@ class PhaseTemplate:
         host_node: np.ndarray | None = None,
         worst: np.ndarray | None = None,
         seen: int = 0,
+        min_gap_ns: float = 0.0,
     ) -> None:
         """Tabulate under the time model ``theta`` (``PhaseModel``: each level's clock
         ratio ``f_max/f`` and extra DRAM time ``coupling``) times ``time_scale`` (the
@@ -102,8 +103,10 @@ class PhaseTemplate:
         node, summing to ``host_ns``), else shared out by kernel launches; whole-graph
         and per-block energy (J x 1e9, i.e. W x ns) and time per level; and the same
         with the levels below ``seen`` at their worst case (``worst``: per level, the
-        top level's kernel time times it), ``safe``, made for ``safe_seen``."""
-        edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node)
+        top level's kernel time times it), ``safe``, made for ``safe_seen``. A gap gets
+        a block of its own only if at least ``min_gap_ns`` long (a switch latency: a
+        shorter run of one level is merged away, ``dwell_merge``)."""
+        edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node, min_gap_ns)
         self.edges = edges
         t = plan_native.tabulate(
             self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
@@ -149,16 +152,16 @@ GAP_BLOCKS = 32  # host gaps (a backend's batch recording) that get blocks of th
 GAP_SHARE = 0.02  # ... when at least this share of the graph's host time
 
 
-def _gap_edges(n: int, host_node: np.ndarray) -> np.ndarray:
+def _gap_edges(n: int, host_node: np.ndarray, min_ns: float = 0.0) -> np.ndarray:
     """Block boundaries of an ``n``-node graph whose host time sits at ``host_node``:
     the equal blocks of :func:`_edges`, plus a block of its own for each node preceded
-    by a large gap (the GPU idle while a backend records the next batch), so a plan
-    can give the gap a level of its own."""
+    by a large gap (the GPU idle while a backend records the next batch; at least
+    ``min_ns``), so a plan can give the gap a level of its own."""
     base = _edges(n)
     total = float(host_node.sum())
     if total <= 0:
         return base
-    big = np.nonzero(host_node >= GAP_SHARE * total)[0]
+    big = np.nonzero(host_node >= max(GAP_SHARE * total, min_ns))[0]
     if len(big) == 0:
         return base
     if len(big) > GAP_BLOCKS:
