@@ -302,3 +302,16 @@ def test_a_refinement_that_makes_no_progress_steps_every_target_down():
     assert o.bound is not None  # a schedule within budget was found, not the fallback
     assert acc.tpot_ms <= 1.02 * ref.tpot_ms and acc.ttft_ms <= 1.02 * ref.ttft_ms
     assert acc.energy_j < 0.7 * ref.energy_j
+
+
+def test_per_request_ttft_needs_per_request_budgets_when_budgets_are_given():
+    p = load_profile("generic")
+    phone = phone_segments(TRACES["kernel"], p)
+    with pytest.raises(ValueError, match="ttft#k"):
+        Oracle(
+            phone,
+            lambda: SimGpu(p),
+            budgets_ns={"ttft": 1e9, "tpot": 1e9},
+            per_request_ttft=True,
+            refine=0,
+        )

@@ -410,12 +410,6 @@ class SimGpu:
         host_model: bool = False,
     ) -> None:
         self.profile = profile if isinstance(profile, SimProfile) else load_profile(profile)
-        # the work it runs comes through the profile's phone host model
-        # (``accounting.phone_segments``; the benchmark, the sweep and the live account):
-        # then it says where the backend submits (``Capabilities.submit_batch_nodes``).
-        # A trace replayed as it is (a synthetic one: a gap before every kernel) has
-        # its own host, and the profile's batches would be a false claim there
-        self.host_model = host_model
         if governor_phase_ns < 0:
             raise ValueError(f"governor_phase_ns must be >= 0, got {governor_phase_ns}")
         # simple_ondemand's polling timer: its first poll comes this much (modulo the
@@ -439,6 +433,11 @@ class SimGpu:
             switch_latency_source=f"profile {p.name}: "
             + p.notes.get(f"switch_latency_{switch_path}_us", ""),
             notes=("simulated",),
+            # ``host_model``: the work it runs comes through the profile's phone host
+            # model (``accounting.phone_segments``; the benchmark, the sweep and the live
+            # account), so it can say where the backend submits. A trace replayed as it
+            # is (a synthetic one: a gap before every kernel) has its own host, and the
+            # profile's batches would be a false claim there
             submit_batch_nodes=p.submit_batch_nodes if host_model else None,
         )
         self._lock = threading.RLock()

@@ -345,8 +345,11 @@ class Oracle(ControllerDefaults):
         # the segments are the ones replay runs (host model already applied)
         self.trace = trace if trace is not None else PhoneTrace.shared(segments, dev.profile)
         self._timed = all(s.timed for s in segments if s.kind == "kernel")
-        if budgets_ns is not None:  # budgets given per request: windows to match
-            per_request_ttft = any(_request_of(k) is not None for k in budgets_ns)
+        if budgets_ns is not None:  # the windows follow the budgets given
+            given = any(_request_of(k) is not None for k in budgets_ns)
+            if per_request_ttft and not given:
+                raise ValueError("per_request_ttft: budgets_ns must give ttft#k windows")
+            per_request_ttft = given
         window, self._n_requests, self._n_gaps = latency_windows(
             self.trace, per_request=per_request_ttft
         )
