@@ -1009,8 +1009,9 @@ class TubeMPC(ControllerDefaults):
             ts = scale if ts is None else 0.5 * ts + 0.5 * scale
             self._time_scale[phase] = ts
             _, ratio, coupling = pm.level_terms(self.levels_hz)
+            host_node = self._host_gaps(b, host)
             g.tabulate(
-                pm.theta_now(), ratio, coupling, host, self.power, ts, self._host_gaps(b, host),
+                pm.theta_now(), ratio, coupling, host, self.power, ts, host_node,
                 self._worst_ratio, self._seen_for(phase), self.switch_latency_ns,
             )  # fmt: skip
             self._templates[phase] = g
@@ -1054,7 +1055,7 @@ class TubeMPC(ControllerDefaults):
                     self._ubatch = _ubatch_seen(b.n_tokens, b.n // dec.n, self._ubatch)
                 if b.n_tokens > 1 and (dec is None or b.n == dec.n):
                     self._prompt_fit = _PromptGraph(
-                        b.c_ns, b.m_ns, b.launch, b.layer_out, self._host_gaps(b, host),
+                        b.c_ns, b.m_ns, b.launch, b.layer_out, host_node,
                         host, busy_ns, int(b.n_tokens),
                     )  # fmt: skip
                 self._refresh_prompt_plans()
