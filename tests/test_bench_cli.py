@@ -55,6 +55,7 @@ def test_json_schema(recorded):
         "ztt",
         "tmpc",
         "oracle",
+        "oracle-request",
         "static-best",
         "phase",
     }
@@ -68,6 +69,7 @@ def test_json_schema(recorded):
         "latency_change_vs_default",
         "ttft_change_vs_default",
         "oracle_fraction",
+        "oracle_request_fraction",
         "switches_per_s",
         "decision_us_median",
     }
@@ -92,7 +94,7 @@ def test_csv_and_trace_written(recorded):
     rec, _ = recorded
     out = rec.parent
     rows = (out / "t.csv").read_text().splitlines()
-    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 9
+    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 10
     doc = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
     assert "freq_mhz" in names and "MUL_MAT" in names

@@ -21,6 +21,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("latency_change_vs_default", "TPOT vs default", "%"),
     ("ttft_change_vs_default", "TTFT vs default", "%"),
     ("oracle_fraction", "of oracle saving", "%"),
+    ("oracle_request_fraction", "of oracle-request saving", "%"),
     ("switches_per_s", "switches/s", ""),
     ("decision_us_median", "decision (µs)", ""),
 )

@@ -96,10 +96,16 @@ def make_controller(
                 f"{name} is offline: it needs trace= (the whole recorded run) "
                 "and device_factory= (a fresh simulator)"
             )
-        if name == "oracle":
+        if name in ("oracle", "oracle-request"):
             from .baselines.oracle import Oracle
 
-            return Oracle(trace, device_factory, latency_slack=latency_slack, refine=oracle_refine)
+            return Oracle(
+                trace,
+                device_factory,
+                latency_slack=latency_slack,
+                refine=oracle_refine,
+                per_request_ttft=name == "oracle-request",
+            )
         from .baselines.hindsight import PhaseSplit, StaticBest
 
         cls = StaticBest if name == "static-best" else PhaseSplit

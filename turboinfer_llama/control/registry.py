@@ -60,6 +60,14 @@ CONTROLLERS: tuple[ControllerInfo, ...] = (
         in_all=True,
     ),
     ControllerInfo(
+        "oracle-request",
+        "the oracle with each request's TTFT within the budget (the promise tmpc keeps; "
+        "the oracle's TTFT budget is pooled over the run)",
+        live=False,
+        offline=True,
+        in_all=True,
+    ),
+    ControllerInfo(
         "static-best",
         "hindsight: the least-energy single level within the TTFT and TPOT budget",
         live=False,
