@@ -198,21 +198,6 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
             continue  # default and the hindsight baselines: figured by the accounting
         dev = factory()
         ctl: Any
-        if name in ("oracle", "oracle-request"):  # offline: figured by the accounting
-            from ..control.baselines.oracle import Oracle
-
-            # the same budget as everyone's: TTFT and TPOT within the slack (the TTFT
-            # pooled over the run, or each request's: ``oracle-request``)
-            per_request = name == "oracle-request"
-            o = Oracle(
-                phone, factory, latency_slack=slack, refine=ORACLE_REFINE,
-                per_request_ttft=per_request,
-            )  # fmt: skip
-            oa = o.account()
-            if not per_request:
-                oracle_gap = o.bound_summary()["gap"]
-            figures[name] = (oa.energy_j, oa.tpot_ms, oa.ttft_ms)
-            continue
         ctl = make_controller(
             name,
             **for_device(dev),
@@ -220,7 +205,16 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
             trace=phone,
             device_factory=factory,
             seed=seed,
+            oracle_refine=ORACLE_REFINE,
         )
+        if name in ("oracle", "oracle-request"):  # offline: figured by the accounting
+            # the same budget as everyone's: TTFT and TPOT within the slack (the TTFT
+            # pooled over the run, or each request's: ``oracle-request``)
+            oa = ctl.account()
+            if name == "oracle":
+                oracle_gap = ctl.bound_summary()["gap"]
+            figures[name] = (oa.energy_j, oa.tpot_ms, oa.ttft_ms)
+            continue
         r = replay(phone, ctl, dev, seed=seed, granularity=gran)
         figures[name] = (r.energy_j, r.tpot_ms, r.ttft_ms)
     base_e, base_tpot, base_ttft = figures["default"]
