@@ -414,6 +414,43 @@ int ti_plan_rls(const double *theta, const double *P, const double *x, double y_
 	return TI_PLAN_OK;
 }
 
+int ti_plan_layout(const double *kernel_ns, const double *host_ns, size_t n, size_t n_levels,
+		   const double *block_ns, const int64_t *edges, size_t nb, const int64_t *levels,
+		   double *block_end_ns, double *share)
+{
+	double acc = 0.0, total;
+	size_t i, j;
+
+	if (!block_ns || !edges || !levels || !block_end_ns || nb == 0 || n_levels == 0 ||
+	    n_levels > TI_PLAN_MAX_LEVELS || edges[0] != 0 || edges[nb] != (int64_t)n)
+		return TI_PLAN_EINVAL;
+	if (share && (!kernel_ns || !host_ns || n == 0))
+		return TI_PLAN_EINVAL;
+	for (j = 0; j < nb; j++) {
+		if (levels[j] < 0 || (size_t)levels[j] >= n_levels || edges[j + 1] < edges[j])
+			return TI_PLAN_EINVAL;
+		/* np.cumsum: one running sum, left to right */
+		acc += block_ns[j * n_levels + (size_t)levels[j]];
+		block_end_ns[j] = acc;
+	}
+	if (!share)
+		return TI_PLAN_OK;
+	acc = 0.0;
+	for (j = 0; j < nb; j++) {
+		size_t lv = (size_t)levels[j];
+
+		for (i = (size_t)edges[j]; i < (size_t)edges[j + 1]; i++) {
+			acc += kernel_ns[i * n_levels + lv] + host_ns[i];
+			share[i] = acc;
+		}
+	}
+	/* Python's max(total, 1e-9): the first unless the second is larger */
+	total = 1e-9 > share[n - 1] ? 1e-9 : share[n - 1];
+	for (i = 0; i < n; i++)
+		share[i] /= total;
+	return TI_PLAN_OK;
+}
+
 int ti_plan_dwell(const int64_t *levels_in, const double *block_ns, size_t nb, size_t n_levels,
 		  double min_ns, int64_t *levels)
 {

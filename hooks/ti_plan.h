@@ -134,6 +134,21 @@ TI_API int ti_plan_dwell(const int64_t *levels_in, const double *block_ns, size_
 			 size_t n_levels, double min_ns, int64_t *levels);
 
 /*
+ * A block plan laid out over its graph (tmpc.TubeMPC._plan_next and _block_switches,
+ * the same operations in the same order): node i of block j (edges[j] <= i <
+ * edges[j + 1], edges[0] = 0, edges[nb] = n) runs at level levels[j] and takes
+ * kernel_ns[i][levels[j]] + host_ns[i] (kernel_ns: [n][n_levels]).
+ *
+ * Out: block_end_ns[nb], the running sum of block_ns[j][levels[j]] (block_ns:
+ * [nb][n_levels]); share[n] (NULL: not wanted), the running sum of the nodes' times
+ * over their total (at least 1e-9): where in the graph's time each node ends.
+ * Returns 0, or TI_PLAN_EINVAL on bad sizes, edges or levels.
+ */
+TI_API int ti_plan_layout(const double *kernel_ns, const double *host_ns, size_t n,
+			  size_t n_levels, const double *block_ns, const int64_t *edges,
+			  size_t nb, const int64_t *levels, double *block_end_ns, double *share);
+
+/*
  * One step of recursive least squares with forgetting on the time model
  * (model.PhaseModel.update): regressors x (TI_PLAN_THETA) took y_ns, the row scaled by
  * 1 / y_ns; theta is bounded to [th_min, th_max] and the covariance's trace to

@@ -245,3 +245,36 @@ def test_dwell_matches_python(seed, nb, n_lv, min_ns):
     got = solver.dwell_merge(levels, block_ns, min_ns, native=True)
     ref = solver.dwell_merge(levels, block_ns, min_ns, native=False)
     assert list(got) == list(ref)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    seed=st.integers(0, 100_000),
+    n=st.integers(1, 900),
+    n_lv=st.integers(1, 12),
+    share=st.booleans(),
+)
+def test_layout_matches_numpy(seed, n, n_lv, share):
+    """A block plan laid out over its graph: the blocks' ends and the nodes' shares are
+    the numpy twin's to the last bit (one running sum, left to right, either way)."""
+    rng = np.random.default_rng(seed)
+    edges = solver._edges(n)
+    kernel_ns = rng.lognormal(9, 1.5, (n, n_lv)) * (rng.random((n, 1)) > 0.1)
+    host_ns = rng.lognormal(7, 2, n) * (rng.random(n) > 0.7)
+    block_ns = np.add.reduceat(kernel_ns + host_ns[:, None], edges[:-1], axis=0)
+    levels = rng.integers(0, n_lv, len(edges) - 1)
+    got = pn.layout(kernel_ns, host_ns, block_ns, edges, levels, share, native=True)
+    ref = pn.layout(kernel_ns, host_ns, block_ns, edges, levels, share, native=False)
+    assert got[0].tolist() == ref[0].tolist()
+    assert (got[1] is None) == (ref[1] is None) == (not share)
+    if share:
+        assert got[1].tolist() == ref[1].tolist()
+        assert got[1][-1] == pytest.approx(1.0) or not host_ns.sum() + kernel_ns.sum()
+
+
+def test_layout_rejects_bad_levels():
+    edges = solver._edges(10)
+    block_ns = np.ones((len(edges) - 1, 3))
+    bad = np.full(len(edges) - 1, 3)  # a level past the table
+    with pytest.raises(ValueError, match="ti_plan_layout"):
+        pn.layout(np.ones((10, 3)), np.zeros(10), block_ns, edges, bad, True, native=True)

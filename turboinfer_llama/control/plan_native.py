@@ -61,6 +61,7 @@ def _load() -> tuple[ctypes.PyDLL | None, str]:
             ("ti_plan_block_levels", rc, [vp, vp, sz, sz, vp, sz, dbl, vp, vp]),
             ("ti_plan_rls", rc, [vp, vp, vp, dbl, dbl, vp, dbl, dbl, vp, vp, vp]),
             ("ti_plan_dwell", rc, [vp, vp, sz, sz, dbl, vp]),
+            ("ti_plan_layout", rc, [vp, vp, sz, sz, vp, vp, sz, vp, vp, vp]),
         ]:  # fmt: skip
             fn = getattr(lib, name)
             fn.restype = restype
@@ -251,18 +252,18 @@ def observe(
             cz_p, ex_p = _ptr_kept(cz), _ptr_kept(ex)
         else:
             n_c, cz_p, ex_p = 0, None, None
-        x = np.empty(5)
-        level_ns = np.empty(len(lv))
-        lowest = ctypes.c_double()
+        # the outputs in one buffer: one address to take, not three
+        out = np.empty(6 + len(lv))
+        base = _ptr(out)
         rc = _LIB.ti_plan_observe(
             ctypes.byref(nodes), _ptr(st), _ptr(en), _ptr(tb), _ptr(hz), n_seg, _ptr(th),
-            f_max_hz, _ptr_kept(lv), len(lv), cz_p, ex_p, n_c, _ptr(x), _ptr(level_ns),
-            ctypes.addressof(lowest),
+            f_max_hz, _ptr_kept(lv), len(lv), cz_p, ex_p, n_c, base, base + 40,
+            base + 8 * (5 + len(lv)),
         )  # fmt: skip
         del keep
         if rc != 0:
             raise ValueError(f"ti_plan_observe rejected its arguments ({rc})")
-        return Observation(x, level_ns, float(lowest.value))
+        return Observation(out[:5], out[5:-1], float(out[-1]))
     f = mean_hz_numpy(starts, ends, seg_t, seg_hz)
     x = features_numpy(c_ns, m_ns, launch, f, theta, f_max_hz, coupling_hz, extra)
     top = len(levels_hz) - 1
@@ -360,27 +361,34 @@ def tabulate(
         th, ra, co, bw, iw = (_f64(a) for a in (theta, ratio, coupling, busy_w, idle_w))
         ed = np.ascontiguousarray(edges, dtype=np.int64)
         nb = len(ed) - 1
-        kernel_ns = np.empty((n, n_lv))
-        graph_ns, energy = np.empty(n_lv), np.empty(n_lv)
-        block_ns, block_energy = np.empty((nb, n_lv)), np.empty((nb, n_lv))
         if host_node is not None and len(host_node) != n:
             raise ValueError("ti_plan_tabulate: host_node needs one value per node")
+        # every output in one buffer, cut into views: one address to take, not up to nine
+        sizes = (n * n_lv, n_lv, n_lv, nb * n_lv, nb * n_lv) + (
+            (n_lv, n_lv, nb * n_lv, nb * n_lv) if seen else ()
+        )
+        buf = np.empty(sum(sizes))
+        addr, at, parts = _ptr(buf), 0, []
+        for size in sizes:
+            parts.append((buf[at : at + size], addr + 8 * at))
+            at += size
+        kernel_ns, graph_ns, energy = parts[0][0].reshape(n, n_lv), parts[1][0], parts[2][0]
+        block_ns, block_energy = parts[3][0].reshape(nb, n_lv), parts[4][0].reshape(nb, n_lv)
         # the blocks' host time summed here, in numpy, for the C pass and the twin alike
         hn = None if host_node is None else _f64(_block_sums(host_node, edges))
         safe: tuple[int | None, int, int | None, int | None, int | None, int | None]
         if seen:
             wo = _f64(worst)  # type: ignore[arg-type]
-            s_g, s_e = np.empty(n_lv), np.empty(n_lv)
-            s_bn, s_be = np.empty((nb, n_lv)), np.empty((nb, n_lv))
-            safe = (_ptr_kept(wo), seen, _ptr(s_g), _ptr(s_e), _ptr(s_bn), _ptr(s_be))
+            s_g, s_e = parts[5][0], parts[6][0]
+            s_bn, s_be = parts[7][0].reshape(nb, n_lv), parts[8][0].reshape(nb, n_lv)
+            safe = (_ptr_kept(wo), seen, parts[5][1], parts[6][1], parts[7][1], parts[8][1])
         else:
             safe = (None, 0, None, None, None, None)
         rc = _LIB.ti_plan_tabulate(
             ctypes.byref(nodes), _ptr(th), _ptr_kept(ra), _ptr_kept(co), _ptr_kept(bw),
             _ptr_kept(iw), n_lv, float(time_scale), float(host_ns),
             None if hn is None else _ptr(hn), _ptr_kept(ed), nb,
-            _ptr(kernel_ns), _ptr(graph_ns),
-            _ptr(energy), _ptr(block_ns), _ptr(block_energy), *safe,
+            parts[0][1], parts[1][1], parts[2][1], parts[3][1], parts[4][1], *safe,
         )  # fmt: skip
         del keep
         if rc != 0:
@@ -477,6 +485,53 @@ def dwell(levels: np.ndarray, block_ns: np.ndarray, min_ns: float) -> np.ndarray
     if rc < 0:
         raise ValueError(f"ti_plan_dwell rejected its arguments ({rc})")
     return out if rc == 1 else levels
+
+
+def layout(
+    kernel_ns: np.ndarray,
+    host_ns: np.ndarray,
+    block_ns: np.ndarray,
+    edges: np.ndarray,
+    levels: np.ndarray,
+    share: bool,
+    *,
+    native: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A block plan (``levels``, one per block between ``edges``) laid out over its
+    graph: each block's end in the plan's time (the running sum of ``block_ns`` at the
+    blocks' levels), and with ``share`` each node's end as a share of the graph's time
+    (node ``i`` of block ``j`` takes ``kernel_ns[i, levels[j]] + host_ns[i]``)."""
+    nb, n_lv = block_ns.shape
+    n = len(kernel_ns)
+    if (
+        (NATIVE if native is None else native)
+        and _LIB is not None
+        and nb == len(levels)
+        and 0 < n_lv <= MAX_LEVELS
+        and (not share or (n > 0 and kernel_ns.shape == (n, n_lv) and len(host_ns) == n))
+    ):
+        lv = np.ascontiguousarray(levels, dtype=np.int64)
+        ed = np.ascontiguousarray(edges, dtype=np.int64)
+        bn = _f64(block_ns)
+        out = np.empty(nb + (n if share else 0))
+        base = _ptr(out)
+        if share:
+            kn, hn = _f64(kernel_ns), _f64(host_ns)
+            k_p, h_p, s_p = _ptr(kn), _ptr(hn), base + 8 * nb
+        else:
+            k_p = h_p = s_p = None
+        rc = _LIB.ti_plan_layout(
+            k_p, h_p, n, n_lv, _ptr(bn), _ptr_kept(ed), nb, _ptr(lv), base, s_p
+        )
+        if rc != 0:
+            raise ValueError(f"ti_plan_layout rejected its arguments ({rc})")
+        return out[:nb], (out[nb:] if share else None)
+    ends = np.cumsum(block_ns[np.arange(nb), levels])
+    if not share:
+        return ends, None
+    lv_node = np.repeat(levels, np.diff(edges))
+    cw = np.cumsum(kernel_ns[np.arange(n), lv_node] + host_ns)
+    return ends, cw / max(float(cw[-1]), 1e-9)
 
 
 def rls_step(

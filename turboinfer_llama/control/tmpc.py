@@ -1615,7 +1615,7 @@ class TubeMPC(ControllerDefaults):
             return None
         rows = np.arange(len(blocks))
         used = float(risky[rows, blocks].sum())
-        sw, predicted = self._block_switches(tpl, blocks)
+        sw, predicted, _ = self._block_switches(tpl, blocks)
         margin = max(0.0, cap - used) + r * max(used - top_t, 0.0)
         return _PromptPlan(
             tpl, max(int(n_tokens), 1), sw, int(blocks[0]), predicted, margin, blocks,
@@ -2094,16 +2094,21 @@ class TubeMPC(ControllerDefaults):
         )
 
     def _block_switches(
-        self, tpl: PhaseTemplate, blocks: np.ndarray, scale: float = 1.0
-    ) -> tuple[list[Switch], float]:
-        """The switches (and checkpoints) that run ``tpl``'s blocks at ``blocks``, and
-        the graph's predicted time; times scaled by ``scale`` (a prompt of another
-        length than the template's)."""
+        self, tpl: PhaseTemplate, blocks: np.ndarray, scale: float = 1.0, share: bool = False
+    ) -> tuple[list[Switch], float, np.ndarray | None]:
+        """The switches (and checkpoints) that run ``tpl``'s blocks at ``blocks``, the
+        graph's predicted time, and with ``share`` where each node ends as a share of
+        the graph's time; times scaled by ``scale`` (a prompt of another length than
+        the template's)."""
         s_ns = self.switch_latency_ns
-        block_t = tpl.block_ns.ravel()[blocks + self.n_levels * np.arange(len(blocks))]
-        block_ends = np.cumsum(block_t) * scale
+        block_ends, node_share = plan_native.layout(
+            tpl.kernel_ns, tpl.host_ns, tpl.block_ns, tpl.edges, blocks, share
+        )
+        if scale != 1.0:
+            block_ends = block_ends * scale
         predicted = float(block_ends[-1]) if len(block_ends) else 0.0
-        changed = (np.nonzero(blocks[1:] != blocks[:-1])[0] + 1).tolist()
+        lv = blocks.tolist()
+        changed = [j for j in range(1, len(lv)) if lv[j] != lv[j - 1]]
         sw: list[Switch] = []
         if self.granularity in ("layer", "kernel"):
             # keyed by the node whose ask comes one switch latency early
@@ -2125,15 +2130,15 @@ class TubeMPC(ControllerDefaults):
                 timed[i] = timed[i] or timed[i + 1]
             for j, t_edge, key, by_time in zip(changed, t_edges, keys, timed, strict=True):
                 if by_time:
-                    sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
+                    sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), lv[j]))
                 else:
-                    sw.append(Switch(Anchor.NODE, key, int(blocks[j])))
+                    sw.append(Switch(Anchor.NODE, key, lv[j]))
             sw.extend(self._checkpoints(tpl, ends))
         else:
+            at = block_ends.tolist()
             for j in changed:
-                t_edge = float(block_ends[j - 1])
-                sw.append(Switch(Anchor.OFFSET, max(0, int(t_edge) - s_ns), int(blocks[j])))
-        return sw, predicted
+                sw.append(Switch(Anchor.OFFSET, max(0, int(at[j - 1]) - s_ns), lv[j]))
+        return sw, predicted, node_share
 
     def _slow_actuation(self, tpl: PhaseTemplate, d_med: float) -> bool:
         """Whether a switch takes ``SLOW_SWITCH_STEPS`` decode steps or more to land
@@ -2375,14 +2380,10 @@ class TubeMPC(ControllerDefaults):
             )
         self._margin_ns = max(0.0, budget - used) + r * max(used - d_ref, 0.0) + stall_tube
         first = int(blocks[0])
-        sw, predicted = self._block_switches(tpl, blocks)
+        sw, predicted, share = self._block_switches(tpl, blocks, share=self.granularity == "graph")
         # the model's own prediction (the gain is learnt against it) and its time at
         # the top level
         committed = (1.0 + r) * (used_here - ref_1) + stall_tube / nc
-        share = None
-        if self.granularity == "graph":
-            cw = np.cumsum(tpl.node_ns(np.repeat(blocks, np.diff(tpl.edges))))
-            share = cw / max(float(cw[-1]), 1e-9)
         self._planned[target] = _Planned(
             tpl.n,
             predicted,
