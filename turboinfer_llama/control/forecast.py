@@ -26,12 +26,12 @@ import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..engine.events import StallKind
 
 
-@dataclass(frozen=True, slots=True)
-class StallEstimate:
+class StallEstimate(NamedTuple):
     """Forecast of one stall's duration (ns). ``err_ns`` is the tube half-width;
     ``min_ns`` the shortest stall in the window (how far below ``lower_ns`` one has
     actually ended)."""

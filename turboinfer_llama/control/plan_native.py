@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -140,8 +140,7 @@ def _f64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
+class Observation(NamedTuple):
     """What one graph teaches the model."""
 
     x: np.ndarray  # summed regressors at the theta given (PhaseModel.features)
@@ -272,8 +271,7 @@ def observe(
     return Observation(x, per_level.astype(np.float64), float(f.min()) if len(f) else 0.0)
 
 
-@dataclass(frozen=True, slots=True)
-class Tables:
+class Tables(NamedTuple):
     """A phase's template at every level (row-major, nodes or blocks by levels)."""
 
     kernel_ns: np.ndarray  # (nodes, levels): each node's kernel time
@@ -337,6 +335,7 @@ def tabulate(
     worst: np.ndarray | None = None,
     seen: int = 0,
     *,
+    host_block: np.ndarray | None = None,
     native: bool | None = None,
 ) -> Tables:
     """Kernel time per node and level times ``time_scale``; the graph's host time
@@ -345,7 +344,10 @@ def tabulate(
     launches; whole-graph and per-block (between ``edges``) time and energy per
     level. With ``worst`` (per level) and ``seen`` > 0, also the safe tables: each
     block's kernel time at the levels below ``seen`` at least its top-level kernel
-    time times ``worst``."""
+    time times ``worst``. ``host_block``: ``host_node`` summed per block, where the
+    caller has it already."""
+    if host_node is not None and host_block is None:
+        host_block = _block_sums(host_node, edges)
     if worst is None or not 0 < seen < len(ratio):
         seen = 0
     n, n_lv = len(c_ns), len(ratio)
@@ -375,7 +377,7 @@ def tabulate(
         kernel_ns, graph_ns, energy = parts[0][0].reshape(n, n_lv), parts[1][0], parts[2][0]
         block_ns, block_energy = parts[3][0].reshape(nb, n_lv), parts[4][0].reshape(nb, n_lv)
         # the blocks' host time summed here, in numpy, for the C pass and the twin alike
-        hn = None if host_node is None else _f64(_block_sums(host_node, edges))
+        hn = None if host_block is None else _f64(host_block)
         safe: tuple[int | None, int, int | None, int | None, int | None, int | None]
         if seen:
             wo = _f64(worst)  # type: ignore[arg-type]
@@ -406,7 +408,7 @@ def tabulate(
         per_launch = host_ns / max(float(launch.sum()), 1.0)
         ch = (np.add.reduceat(launch, edges[:-1]) * per_launch)[:, None]
     else:
-        ch = _block_sums(host_node, edges)[:, None]
+        ch = host_block[:, None]  # type: ignore[index]
     graph_ns, energy = graph_kernel_ns + host_ns, busy_w * graph_kernel_ns + idle_w * host_ns
     block_ns, block_energy = ck + ch, busy_w * ck + idle_w * ch
     if not seen:

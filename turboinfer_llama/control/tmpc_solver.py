@@ -17,7 +17,7 @@ its own, and so live and replay run the very same arithmetic.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -108,17 +108,15 @@ class PhaseTemplate:
         shorter run of one level is merged away, ``dwell_merge``)."""
         edges = _edges(self.n) if host_node is None else _gap_edges(self.n, host_node, min_gap_ns)
         self.edges = edges
+        host_block = None if host_node is None else plan_native._block_sums(host_node, edges)
         t = plan_native.tabulate(
             self.c_ns, self.m_ns, self.launch, theta, ratio, coupling, power.busy_w,
             power.idle_w, time_scale, host_ns, edges, host_node, worst, seen,
+            host_block=host_block,
         )  # fmt: skip
         self.safe = (t.safe_graph_ns, t.safe_energy, t.safe_block_ns, t.safe_block_energy)
         # blocks that are mostly host time (a measured gap): their raise is timed
-        self.gap_blocks = (
-            None
-            if host_node is None
-            else plan_native._block_sums(host_node, edges) > 0.5 * t.block_ns[:, -1]
-        )
+        self.gap_blocks = None if host_block is None else host_block > 0.5 * t.block_ns[:, -1]
         self.safe_seen = seen if worst is not None and 0 < seen < len(ratio) else 0
         self.kernel_ns = t.kernel_ns
         if host_node is None:
@@ -169,8 +167,7 @@ def _gap_edges(n: int, host_node: np.ndarray, min_ns: float = 0.0) -> np.ndarray
     return np.unique(np.concatenate((base, big, np.minimum(big + 1, n))))
 
 
-@dataclass(frozen=True, slots=True)
-class HorizonSolution:
+class HorizonSolution(NamedTuple):
     levels: np.ndarray  # compute level of each graph in the horizon
     used_ns: float  # predicted time of the chosen plan
     budget_ns: float  # time the budget allows for the horizon's compute
