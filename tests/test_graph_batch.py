@@ -117,3 +117,15 @@ def test_scan_flags_own_asks_and_shape(graphs, record_lib):
     assert hooks.records_scan(shape, 2, a)[:2] == (True, False)
     assert hooks.records_scan(b, 2, None)[:2] == (True, False)  # nothing seen yet
     assert hooks.records_scan(b, 2, a[:-1])[:2] == (True, False)  # another length
+
+
+def test_no_completions_is_told_by_identity():
+    """The planner skips its pass over ``done_ns`` only for the ingest's own shared
+    all -1 array; an equal array of another origin is read as before."""
+    from turboinfer_llama.control import graph_batch
+
+    own = graph_batch._no_completions(7)
+    assert graph_batch.no_completions(own)
+    assert graph_batch._no_completions(7) is own
+    assert not graph_batch.no_completions(np.full(7, -1, dtype=np.int64))
+    assert not graph_batch.no_completions(np.arange(7, dtype=np.int64))

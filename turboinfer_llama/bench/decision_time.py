@@ -28,6 +28,11 @@ controller's ``on_graph``, and the whole turn (which also drains the executor's 
 hands the plan over and keeps books). The synthetic trace's graphs are lighter than
 gemma's live ones (stop 28 on this 2-core host, median ingest + plan: 300-420 us on the
 trace, 595-825 us live over 3-4 requests of 32-64 tokens; the whole turn 880-1210 us).
+Live, the planner runs while the engine computes the next graph on the other core, and
+each of its passes pays for that: stop 41, the same ``on_graph`` took a median of
+~1000 us live against 543-816 us replaying a recording of the same gemma graphs (817
+nodes) in a quiet process; a change that took 24% off the replay's least CPU time per
+graph moved the live median by nothing measurable (949-991 us against 961-1009 us).
 
 A benchmark, not a test: ``python -m turboinfer_llama.bench.decision_time [--live]``.
 """

@@ -517,6 +517,9 @@ def layout(
         bn = _f64(block_ns)
         out = np.empty(nb + (n if share else 0))
         base = _ptr(out)
+        k_p: int | None
+        h_p: int | None
+        s_p: int | None
         if share:
             kn, hn = _f64(kernel_ns), _f64(host_ns)
             k_p, h_p, s_p = _ptr(kn), _ptr(hn), base + 8 * nb

@@ -152,7 +152,7 @@ from . import plan_native
 from .base import ControllerDefaults
 from .default_bound import OndemandBound, graph_pieces
 from .forecast import Forecaster, StallEstimate, StallStats
-from .graph_batch import GraphBatch
+from .graph_batch import GraphBatch, no_completions
 from .model import FitGraph, PhaseModel, PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
 from .reference import ShadowParams
@@ -847,28 +847,33 @@ class TubeMPC(ControllerDefaults):
         16.1% -> 20.6% saving, 9 -> 5 top-level probes, the relative error's upper
         quantile 0.08-0.11 -> 0.005.)"""
         n = b.n
-        done = b.done_ns >= 0
-        n_done = int(np.count_nonzero(done))
+        done = None if no_completions(b.done_ns) else b.done_ns >= 0
+        n_done = 0 if done is None else int(np.count_nonzero(done))
         if n and n_done == n:
             return b.ask_ns.astype(np.float64), b.done_ns.astype(np.float64)
-        if n_done == 0:  # graph granularity: the planned share, else the weights'
-            p = self._planned.get(b.graph)
+        if done is None or n_done == 0:  # graph granularity: the planned share, else
+            p = self._planned.get(b.graph)  # the weights'
             share = p.share if p is not None else None
             if share is None or len(share) != n:
                 share = self._weight_share(b)
-            ends = float(b.t_first_ns) + (b.t_end_ns - b.t_first_ns) * share
-        else:
-            w = np.maximum(np.maximum(b.c_ns, b.m_ns), 1.0) + 1_000.0 * b.launch
-            ends = np.empty(n)
-            known = np.nonzero(done)[0].tolist()
-            if known[-1] != n - 1:
-                known.append(n - 1)
-            t_prev, i_prev = float(b.t_first_ns), 0
-            for i in known:
-                t_i = float(b.done_ns[i]) if b.done_ns[i] >= 0 else float(b.t_end_ns)
-                cw = np.cumsum(w[i_prev : i + 1])
-                ends[i_prev : i + 1] = t_prev + (t_i - t_prev) * cw / max(cw[-1], 1e-9)
-                t_prev, i_prev = t_i, i + 1
+            # starts and ends, one buffer: the ends, each node's start the end before
+            spans = np.empty(n + 1)
+            spans[0] = 0.0
+            np.multiply(share, b.t_end_ns - b.t_first_ns, out=spans[1:])
+            spans += float(b.t_first_ns)
+            spans[0] = float(b.t_first_ns)
+            return spans[:-1], spans[1:]
+        w = np.maximum(np.maximum(b.c_ns, b.m_ns), 1.0) + 1_000.0 * b.launch
+        ends = np.empty(n)
+        known = np.nonzero(done)[0].tolist()
+        if known[-1] != n - 1:
+            known.append(n - 1)
+        t_prev, i_prev = float(b.t_first_ns), 0
+        for i in known:
+            t_i = float(b.done_ns[i]) if b.done_ns[i] >= 0 else float(b.t_end_ns)
+            cw = np.cumsum(w[i_prev : i + 1])
+            ends[i_prev : i + 1] = t_prev + (t_i - t_prev) * cw / max(cw[-1], 1e-9)
+            t_prev, i_prev = t_i, i + 1
         starts = np.empty(n)
         starts[0] = float(b.t_first_ns)
         starts[1:] = ends[:-1]
