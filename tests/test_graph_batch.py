@@ -124,8 +124,8 @@ def test_no_completions_is_told_by_identity():
     all -1 array; an equal array of another origin is read as before."""
     from turboinfer_llama.control import graph_batch
 
-    own = graph_batch._no_completions(7)
-    assert graph_batch.no_completions(own)
-    assert graph_batch._no_completions(7) is own
-    assert not graph_batch.no_completions(np.full(7, -1, dtype=np.int64))
-    assert not graph_batch.no_completions(np.arange(7, dtype=np.int64))
+    own = graph_batch.none_done(7)
+    assert graph_batch.is_none_done(own)
+    assert graph_batch.none_done(7) is own
+    assert not graph_batch.is_none_done(np.full(7, -1, dtype=np.int64))
+    assert not graph_batch.is_none_done(np.arange(7, dtype=np.int64))

@@ -55,7 +55,7 @@ from ..engine.latency import RequestLatency, per_request, pooled_ms
 from ..engine.segments import Segment
 from .base import Controller, Decision
 from .executor_model import ExecutorModel
-from .graph_batch import GraphBatch, NodeCosts
+from .graph_batch import GraphBatch, NodeCosts, none_done
 from .plan import HOLD_FOR_ENGINE, Applied, Plan, after
 
 GRANULARITIES = ("auto", "kernel", "layer", "graph")
@@ -1252,7 +1252,13 @@ def _batch(
         t_first_ns=ask_ns[0],
         t_end_ns=t_end,
         ask_ns=np.asarray(ask_ns, dtype=np.int64),
-        done_ns=np.asarray(done_ns, dtype=np.int64),
+        # no completion seen (``graph`` granularity): the ingest's own shared array, as
+        # live, so the planner skips the same pass over it
+        done_ns=(
+            none_done(n)
+            if gran == "graph" and max(done_ns, default=-1) < 0
+            else np.asarray(done_ns, dtype=np.int64)
+        ),
         c_ns=c_ns,
         m_ns=m_ns,
         launch=launch,

@@ -152,7 +152,7 @@ from . import plan_native
 from .base import ControllerDefaults
 from .default_bound import OndemandBound, graph_pieces
 from .forecast import Forecaster, StallEstimate, StallStats
-from .graph_batch import GraphBatch, no_completions
+from .graph_batch import GraphBatch, is_none_done
 from .model import FitGraph, PhaseModel, PowerTable, WorkloadModel
 from .plan import Anchor, Plan, Switch
 from .reference import ShadowParams
@@ -847,7 +847,7 @@ class TubeMPC(ControllerDefaults):
         16.1% -> 20.6% saving, 9 -> 5 top-level probes, the relative error's upper
         quantile 0.08-0.11 -> 0.005.)"""
         n = b.n
-        done = None if no_completions(b.done_ns) else b.done_ns >= 0
+        done = None if is_none_done(b.done_ns) else b.done_ns >= 0
         n_done = 0 if done is None else int(np.count_nonzero(done))
         if n and n_done == n:
             return b.ask_ns.astype(np.float64), b.done_ns.astype(np.float64)
