@@ -49,8 +49,8 @@ def _vulkan_device() -> str | None:
             f"next under {VULKAN_VENV.name} (GGML_VK_VISIBLE_DEVICES=0 shows lavapipe)"
         )
     return (
-        f"no Vulkan venv ({VULKAN_VENV.name}): `make test-vulkan` builds llama.cpp with "
-        "Vulkan (~7 min of CPU) and runs these on lavapipe"
+        f"no Vulkan venv ({VULKAN_VENV.name}): `make test` (or `make test-vulkan`) builds "
+        "llama.cpp with Vulkan (~12 min once) and runs these on lavapipe"
     )
 
 
