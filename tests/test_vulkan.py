@@ -1,9 +1,9 @@
 """Every layer on a Vulkan device: drop-in output, hook semantics and offload policy.
 
-Runs under .venv-vulkan (``make test``, or ``make test-vulkan`` alone), where llama.cpp is built with
-``-DGGML_VULKAN=ON`` and ``GGML_VK_VISIBLE_DEVICES=0`` shows Mesa's lavapipe, a CPU
-Vulkan driver. Elsewhere the conftest skips these, saying why. Timings on lavapipe
-mean nothing for a phone, so nothing here looks at time except ordering.
+Runs under .venv-vulkan (``make test``, or ``make test-vulkan`` alone), where llama.cpp
+is built with ``-DGGML_VULKAN=ON`` and ``GGML_VK_VISIBLE_DEVICES=0`` shows Mesa's
+lavapipe, a CPU Vulkan driver. Elsewhere the conftest skips these, saying why. Timings
+on lavapipe mean nothing for a phone, so nothing here looks at time except ordering.
 """
 
 from __future__ import annotations
