@@ -16,6 +16,9 @@ VK_ENV     := GGML_VK_VISIBLE_DEVICES=0
 
 .PHONY: run test install sysdeps lint typecheck clean kmod test-vulkan vulkan-install
 
+# The native hooks' sources: either venv's editable install rebuilds them when they change
+NATIVE_SRC := hooks/ti_hooks.c hooks/ti_hooks.h hooks/ti_exec.c hooks/ti_exec.h hooks/ti_plan.c hooks/ti_plan.h
+
 $(VENV)/.llama-stamp:
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
@@ -23,7 +26,7 @@ $(VENV)/.llama-stamp:
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install "$(LLAMA_SPEC)"
 	touch $@
 
-$(VENV)/.pkg-stamp: $(VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h hooks/ti_exec.c hooks/ti_exec.h hooks/ti_plan.c hooks/ti_plan.h
+$(VENV)/.pkg-stamp: $(VENV)/.llama-stamp setup.py pyproject.toml $(NATIVE_SRC)
 	$(PIP) install -q -e ".[server,plot,dev,model]"
 	touch $@
 
@@ -50,7 +53,7 @@ test: install sysdeps vulkan-install
 $(VK_VENV)/.llama-stamp: scripts/vulkan-venv.sh
 	sh scripts/vulkan-venv.sh $(VK_VENV)
 
-$(VK_VENV)/.pkg-stamp: $(VK_VENV)/.llama-stamp setup.py pyproject.toml hooks/ti_hooks.c hooks/ti_hooks.h hooks/ti_exec.c hooks/ti_exec.h hooks/ti_plan.c hooks/ti_plan.h
+$(VK_VENV)/.pkg-stamp: $(VK_VENV)/.llama-stamp setup.py pyproject.toml $(NATIVE_SRC)
 	$(VK_VENV)/bin/pip install -q -e ".[server,dev,model]"
 	touch $@
 
