@@ -153,6 +153,27 @@ def test_measured_bounds_need_no_model():
     assert busy[0] == pytest.approx((10 * MS - late) * 4 + late)
 
 
+def test_measured_busy_bound_takes_the_counters_busy_time():
+    # the same graph, its nodes' spans 10 ms of the 12 ms, but the counters saw the GPU
+    # busy 6 ms (the spans also hold the idle gaps between submissions): its kernel
+    # time is at most 6 ms grown by the clock ratio, 24/12/6 ms, not 40/20/10
+    ctl = TubeMPC([100_000_000, 200_000_000, 400_000_000], switch_latency_ns=MS)
+    starts = np.arange(10.0) * 1.2 * MS
+    ends = starts + MS
+    lo, busy = ctl._measured_bounds(starts, ends, 12.0 * MS, 6.0 * MS)[:2]
+    assert lo == pytest.approx([12 * MS] * 3)
+    assert busy == pytest.approx([24 * MS, 12 * MS, 6 * MS])
+    # counters that saw more than the spans change nothing: the lesser bound holds
+    busy = ctl._measured_bounds(starts, ends, 12.0 * MS, 11.0 * MS)[1]
+    assert busy == pytest.approx([40 * MS, 20 * MS, 10 * MS])
+    # part of the graph at 100 MHz: the counted busy time grows by the most any level
+    # it ran at slows, here 4x from the top's 400 MHz to 100 MHz
+    ctl.on_applied([(5 * MS, 0)])
+    busy = ctl._measured_bounds(starts, ends, 12.0 * MS, 6.0 * MS)[1]
+    assert busy[0] == pytest.approx(24 * MS)
+    assert busy[2] == pytest.approx(6 * MS)
+
+
 def test_tmpc_spends_the_slow_default_and_keeps_its_budget():
     """On a profile whose default governor (simple_ondemand) runs well below the top
     clock, the bound lets tmpc spend some of that slowness: it saves more than with the
