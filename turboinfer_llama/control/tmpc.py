@@ -1044,9 +1044,7 @@ class TubeMPC(ControllerDefaults):
             )
             top_ref = self._last_ref_ns[phase] = ref
             if self._default_bound is not None:
-                meas = self._measured_bounds(
-                    starts, ends, measured, busy_ns if counted else None
-                )
+                meas = self._measured_bounds(starts, ends, measured, busy_ns if counted else None)
                 if phase == "decode":
                     self._last_min_level = lowest_here
                 ref = self._bound_reference(phase, g, host, ref, meas)
