@@ -42,3 +42,12 @@ def test_bad_specs_raise_our_errors(tmp_path) -> None:
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ti.TraceFormatError):
         load_trace(tmp_path / "bad.json")
+    # a gzipped trace cut short, or gzip's magic on something else
+    import gzip
+
+    whole = gzip.compress(b'{"version": 1, "events": []}')
+    (tmp_path / "cut.json.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "magic.json").write_bytes(b"\x1f\x8b not gzip")
+    for name in ("cut.json.gz", "magic.json"):
+        with pytest.raises(ti.TraceFormatError):
+            load_trace(tmp_path / name)

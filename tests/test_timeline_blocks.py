@@ -253,3 +253,24 @@ def test_odd_graphs_derive_the_same():
     _same(tl, ref)
     durs = [s.dur_ns for s in ref.segments() if s.kind == "kernel"]
     assert durs[0] == 10 and durs[1] + durs[2] == 90 - 45  # node 2's last DONE: 90
+
+
+def test_a_trace_saved_gzipped_loads_the_same(tmp_path):
+    """A trace path ending in .gz is written gzipped (the same bytes for the same
+    events) and read back whatever its name."""
+    from turboinfer_llama.trace.record import save_trace
+
+    with gzip.open(Path(__file__).parent / "data/gemma3_270m_10tok.json.gz", "rb") as f:
+        (tmp_path / "trace.json").write_bytes(f.read())
+    events, meta = load_trace(tmp_path / "trace.json")
+    a = save_trace(tmp_path / "a.json.gz", events, meta)
+    b = save_trace(tmp_path / "b.json.gz", events, meta)
+    assert a.read_bytes()[:2] == b"\x1f\x8b"
+    assert a.read_bytes() == b.read_bytes()
+    assert a.stat().st_size < (tmp_path / "trace.json").stat().st_size / 5
+    renamed = tmp_path / "plain-name.json"
+    renamed.write_bytes(a.read_bytes())
+    for p in (a, renamed):
+        got, got_meta = load_trace(p)
+        assert got_meta == meta
+        assert [e.to_json() for e in got] == [e.to_json() for e in events]

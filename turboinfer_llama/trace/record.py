@@ -1,11 +1,14 @@
 """Trace files: the recorded engine events of a run, for deterministic replay.
 
-Format: JSON ``{"version": 1, "meta": {...}, "events": [Event.to_json(), ...]}``.
+Format: JSON ``{"version": 1, "meta": {...}, "events": [Event.to_json(), ...]}``,
+gzip-compressed where the path ends in ``.gz`` (a recording of four gemma-3-270m
+requests is 72 MB of JSON, 3.8 MB gzipped). A gzipped trace is read whatever its name.
 """
 
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import os
 from collections.abc import Iterable
@@ -15,6 +18,7 @@ from typing import Any
 from ..engine.events import Event, EventKind, NodeShape
 
 TRACE_VERSION = 1
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceFormatError(ValueError):
@@ -30,7 +34,11 @@ def save_trace(
         "meta": meta or {},
         "events": [e.to_json() for e in events],
     }
-    p.write_text(json.dumps(doc, separators=(",", ":")))
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    if p.suffix == ".gz":
+        # mtime 0: the same events give the same bytes
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    p.write_bytes(data)
     return p
 
 
@@ -62,10 +70,13 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[list[Event], dict[str, Any
 
 def _load(p: Path) -> tuple[list[Event], dict[str, Any]]:
     try:
-        doc = _loads(p.read_bytes())
+        data = p.read_bytes()
+        if data[:2] == _GZIP_MAGIC:
+            data = gzip.decompress(data)
+        doc = _loads(data)
     except FileNotFoundError:
         raise
-    except (OSError, ValueError) as e:
+    except (OSError, EOFError, ValueError) as e:  # gzip: BadGzipFile, or cut short
         raise TraceFormatError(f"{p}: not a readable JSON trace ({e})") from e
     if not isinstance(doc, dict) or doc.get("version") != TRACE_VERSION:
         raise TraceFormatError(f"{p}: not a turboinfer trace (expected version {TRACE_VERSION})")
