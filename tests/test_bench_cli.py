@@ -58,6 +58,7 @@ def test_json_schema(recorded):
         "oracle-request",
         "static-best",
         "phase",
+        "phase-request",
     }
     keys = {
         "energy_per_token_j",
@@ -94,7 +95,8 @@ def test_csv_and_trace_written(recorded):
     rec, _ = recorded
     out = rec.parent
     rows = (out / "t.csv").read_text().splitlines()
-    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 10
+    # a header and a row per controller of the full comparison
+    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 11
     doc = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
     assert "freq_mhz" in names and "MUL_MAT" in names

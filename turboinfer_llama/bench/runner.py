@@ -329,6 +329,7 @@ _COST_ORDER = (
     "ztt",
     "reactive",
     "phase",
+    "phase-request",
     "static-best",
     "max",
 )

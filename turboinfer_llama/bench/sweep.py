@@ -5,9 +5,9 @@ every slack; one parameter at a time moved to each end of its range (at the nomi
 slack); and a small Latin hypercube over all of them (``scipy.stats.qmc``). Each
 point runs every controller of the full comparison on a fresh simulated device built
 from the point's parameters. ``default`` and the offline controllers (``static-best``,
-``phase``, ``oracle``, ``oracle-request``) are figured by the arrays-based accounting,
-per graph (the same figures as a per-kernel replay, within 0.5%); the causal
-controllers are replayed.
+``phase``, ``phase-request``, ``oracle``, ``oracle-request``) are figured by the
+arrays-based accounting, per graph (the same figures as a per-kernel replay, within
+0.5%); the causal controllers are replayed.
 
 Parameters (``params`` in the JSON):
 
@@ -192,7 +192,14 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
     ph = PhaseSplit(phone, factory, latency_slack=slack)
     pa = ph.account()
     figures["phase"] = (pa.energy_j, pa.tpot_ms, pa.ttft_ms)
-    chosen = {"static-best": sb.freq_hz, "phase": [ph.prefill_hz, ph.decode_hz]}
+    pr = PhaseSplit(phone, factory, latency_slack=slack, per_request_ttft=True)
+    ra = pr.account()
+    figures["phase-request"] = (ra.energy_j, ra.tpot_ms, ra.ttft_ms)
+    chosen = {
+        "static-best": sb.freq_hz,
+        "phase": [ph.prefill_hz, ph.decode_hz],
+        "phase-request": [pr.prefill_hz, pr.decode_hz],
+    }
     for name in CONTROLLERS:
         if name in figures:
             continue  # default and the hindsight baselines: figured by the accounting

@@ -108,8 +108,14 @@ def make_controller(
             )
         from .baselines.hindsight import PhaseSplit, StaticBest
 
-        cls = StaticBest if name == "static-best" else PhaseSplit
-        return cls(trace, device_factory, latency_slack=latency_slack)
+        if name == "static-best":
+            return StaticBest(trace, device_factory, latency_slack=latency_slack)
+        return PhaseSplit(
+            trace,
+            device_factory,
+            latency_slack=latency_slack,
+            per_request_ttft=name == "phase-request",
+        )
     raise ValueError(f"unknown controller {name!r}; valid names: {', '.join(CONTROLLER_NAMES)}")
 
 

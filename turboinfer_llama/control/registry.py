@@ -82,6 +82,14 @@ CONTROLLERS: tuple[ControllerInfo, ...] = (
         offline=True,
         in_all=True,
     ),
+    ControllerInfo(
+        "phase-request",
+        "the phase split with each request's TTFT within the budget (the promise tmpc "
+        "keeps; the phase split's TTFT budget is pooled over the run)",
+        live=False,
+        offline=True,
+        in_all=True,
+    ),
 )
 
 
