@@ -991,7 +991,7 @@ class TubeMPC(ControllerDefaults):
             busy = self._graph_busy
             self._graph_busy = None
             counted = busy is not None and 0 < busy <= measured
-            if not counted:  # no counters: fit wall time
+            if busy is None or not counted:  # no counters: fit wall time
                 busy_ns, host = measured, 0.0
             else:
                 busy_ns, host = float(busy), float(measured - busy)
