@@ -990,11 +990,12 @@ class TubeMPC(ControllerDefaults):
                     self._slow_gain = 0.7 * self._slow_gain + 0.3 * gain
             busy = self._graph_busy
             self._graph_busy = None
-            counted = busy is not None and 0 < busy <= measured
-            if busy is None or not counted:  # no counters: fit wall time
+            # the counters' busy time of this graph, where they read one
+            counted = float(busy) if busy is not None and 0 < busy <= measured else None
+            if counted is None:  # no counters: fit wall time
                 busy_ns, host = measured, 0.0
             else:
-                busy_ns, host = float(busy), float(measured - busy)
+                busy_ns, host = counted, measured - counted
             x = obs.x
             pm.update(
                 x, busy_ns, FitGraph(b.c_ns, b.m_ns, b.launch, starts, ends, seg_t, seg_hz, busy_ns)
@@ -1044,7 +1045,7 @@ class TubeMPC(ControllerDefaults):
             )
             top_ref = self._last_ref_ns[phase] = ref
             if self._default_bound is not None:
-                meas = self._measured_bounds(starts, ends, measured, busy_ns if counted else None)
+                meas = self._measured_bounds(starts, ends, measured, counted)
                 if phase == "decode":
                     self._last_min_level = lowest_here
                 ref = self._bound_reference(phase, g, host, ref, meas)

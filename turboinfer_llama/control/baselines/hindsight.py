@@ -52,10 +52,8 @@ class _Hindsight(ControllerDefaults):  # static-best: set at the first event
         device_factory: Callable[[], Any],
         *,
         latency_slack: float = 0.02,
-        per_request_ttft: bool = False,
     ) -> None:
         dev = device_factory()
-        self.per_request_ttft = per_request_ttft
         self.profile = dev.profile
         self.levels = [int(h) for h in dev.frequencies_hz()]
         self.slack = latency_slack
@@ -111,9 +109,21 @@ class PhaseSplit(_Hindsight):
     name = "phase"
     event_kinds = frozenset({EventKind.PREFILL_BEGIN, EventKind.PREFILL_END})
 
-    def _choose(self) -> None:
-        if self.per_request_ttft:
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        device_factory: Callable[[], Any],
+        *,
+        latency_slack: float = 0.02,
+        per_request_ttft: bool = False,
+    ) -> None:
+        """``per_request_ttft``: each request's TTFT within the budget (``phase-request``)."""
+        self.per_request_ttft = per_request_ttft
+        if per_request_ttft:
             self.name = "phase-request"
+        super().__init__(segments, device_factory, latency_slack=latency_slack)
+
+    def _choose(self) -> None:
         ref, top, each = self.reference, len(self.levels) - 1, self.per_request_ttft
         checks = {hz: _within(a, ref, self.slack, each) for hz, a in self.by_level.items()}
         p = next((i for i, hz in enumerate(self.levels) if checks[hz][0]), top)
