@@ -1,0 +1,71 @@
+"""Each controller's energy and time by request and phase (bench.breakdown)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from turboinfer_llama.bench.breakdown import breakdown, main
+from turboinfer_llama.control.synthetic import make_trace
+from turboinfer_llama.devices.base import DeviceNotFound
+
+RECORDING = Path(__file__).resolve().parents[1] / "docs" / "recordings"
+RECORDING = RECORDING / "gemma3-270m-4prompts.json.gz"
+
+
+@pytest.fixture(scope="module")
+def doc():
+    segments = make_trace(requests=3, decode_tokens=24, prompt_tokens=11)
+    return breakdown(segments, "sim:generic", ("default", "tmpc", "phase"))
+
+
+def test_each_controllers_requests_add_up_to_its_run(doc):
+    assert doc["simulated"] is True
+    for name, got in doc["controllers"].items():
+        reqs = got["requests"]
+        assert len(reqs) == 3, name
+        parts = sum(r["prefill_j"] + r["decode_j"] for r in reqs) + got["idle_j"]
+        assert parts == pytest.approx(got["energy_j"], rel=1e-9), name
+        for r in reqs:
+            assert r["prefill_ms"] > 0 and r["decode_ms"] > 0
+            assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0
+            busy = sum(r["decode_busy_ms_by_mhz"].values())
+            assert 0 < busy <= r["decode_ms"] + 1e-9
+
+
+def test_each_request_is_set_against_the_defaults_same_request(doc):
+    base = doc["controllers"]["default"]["requests"]
+    for name in ("default", "tmpc", "phase"):
+        for r, b in zip(doc["controllers"][name]["requests"], base, strict=True):
+            assert r["decode_j_vs_default"] == pytest.approx(r["decode_j"] - b["decode_j"])
+            assert r["prefill_j_vs_default"] == pytest.approx(r["prefill_j"] - b["prefill_j"])
+    # the phase split runs every decode at one level
+    for r in doc["controllers"]["phase"]["requests"]:
+        assert len(r["decode_busy_ms_by_mhz"]) == 1
+
+
+def test_only_a_simulated_device_and_a_known_profile():
+    segments = make_trace(requests=1, decode_tokens=4, prompt_tokens=4)
+    with pytest.raises(ValueError, match="simulated device"):
+        breakdown(segments, "devfreq", ("default",))
+    with pytest.raises(DeviceNotFound):
+        breakdown(segments, "sim:no-such-profile", ("default",))
+
+
+def test_the_command_prints_simulated_figures_per_request_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bd.json"
+    args = ["--replay", str(RECORDING), "--device", "sim:mali-g76", "--controllers", "default"]
+    assert main([*args, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "simulated" in text and "request 4:" in text
+    got = json.loads(out.read_text())
+    assert got["simulated"] is True and len(got["controllers"]["default"]["requests"]) == 4
+
+
+def test_the_command_refuses_a_missing_recording(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--replay", str(tmp_path / "none.json")])
+    assert e.value.code == 2
+    assert "none.json" in capsys.readouterr().err

@@ -1,0 +1,198 @@
+"""Where each controller's saving comes from, request by request (simulated).
+
+    python -m turboinfer_llama.bench.breakdown --replay REC [--device sim:generic]
+        [--latency-slack 0.02] [--controllers default,tmpc,phase] [--granularity graph]
+        [--json PATH]
+
+``turboinfer bench`` reports a run's figures pooled over its requests. Two controllers
+can end a run at the same saving for different reasons: one loses on the first
+request (nothing learnt yet), another on a long prompt. This replays each controller
+on the simulated device (``SimGpu(record_intervals=True)``) and splits its energy and
+time by request and phase:
+
+* each request's prompt (prefill) and decode: time and energy, and its TTFT and TPOT;
+* the decode's busy time at each clock level;
+* each figure's difference to the default's same request.
+
+A request begins at its prompt's first prefill interval; the idle time between
+requests is in no request (the total's ``idle`` figure). Every figure is simulated
+(the simulator's power model, no phone). The hindsight baselines (``phase``,
+``static-best``) are replayed as controllers here, not figured by the accounting as in
+``turboinfer bench``: their figures may differ from the bench's by the two paths'
+rounding (well under 1%). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..control.factory import for_device, make_controller
+from ..control.replay import replay
+from ..devices.base import DeviceError
+from ..engine.segments import Segment
+from ..trace.record import load_trace
+from .runner import _open_sim, phone_trace, segments_of
+
+DEFAULT_CONTROLLERS = ("default", "tmpc", "phase")
+
+
+def _requests(intervals: Sequence[tuple]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each request's prefill and decode figures from the device's intervals
+    ``(t_ns, dur_ns, hz, state, phase, energy_j)``, and the time and energy in none."""
+    reqs: list[dict[str, Any]] = []
+    outside = {"ms": 0.0, "j": 0.0}
+    prev = None
+    for _t, dur, hz, state, phase, e in intervals:
+        if phase == "prefill" and prev != "prefill":
+            reqs.append(
+                {
+                    "prefill_ms": 0.0,
+                    "prefill_j": 0.0,
+                    "decode_ms": 0.0,
+                    "decode_j": 0.0,
+                    "decode_busy_ms_by_mhz": collections.Counter(),
+                }
+            )
+        prev = phase
+        if not reqs or phase not in ("prefill", "decode"):
+            outside["ms"] += dur / 1e6
+            outside["j"] += e
+            continue
+        r = reqs[-1]
+        r[f"{phase}_ms"] += dur / 1e6
+        r[f"{phase}_j"] += e
+        if phase == "decode" and state == "busy":
+            r["decode_busy_ms_by_mhz"][round(hz / 1e6)] += dur / 1e6
+    for r in reqs:
+        r["decode_busy_ms_by_mhz"] = dict(sorted(r["decode_busy_ms_by_mhz"].items()))
+    return reqs, outside
+
+
+def breakdown(
+    segments: list[Segment],
+    device: str,
+    controllers: Sequence[str] = DEFAULT_CONTROLLERS,
+    *,
+    latency_slack: float = 0.02,
+    granularity: str = "graph",
+) -> dict[str, Any]:
+    """Each controller's replay of the recorded ``segments`` on ``device`` (a
+    simulated one: ``sim:<profile>`` or ``sim:/path/profile.json``), split by request
+    and phase. Also each request's differences to ``default``'s, where it ran."""
+    if device != "sim" and not device.startswith("sim:"):
+        raise ValueError(f"{device!r}: the breakdown replays on a simulated device (sim:...)")
+    _open_sim(device).close()  # an unknown profile: DeviceNotFound, before any replay
+    phone = phone_trace(device, segments)
+    out: dict[str, Any] = {}
+    for name in controllers:
+        dev = _open_sim(device, record_intervals=True)
+        ctl = make_controller(
+            name,
+            **for_device(dev),
+            latency_slack=latency_slack,
+            trace=phone,
+            device_factory=lambda: _open_sim(device),
+            seed=0,
+        )
+        res = replay(phone, ctl, dev, seed=0, granularity=granularity)
+        reqs, outside = _requests(dev.intervals)
+        for r, q in zip(reqs, res.requests_latency, strict=False):
+            r["ttft_ms"] = q.ttft_ns / 1e6
+            r["tpot_ms"] = None if math.isnan(q.tpot_ns) else q.tpot_ns / 1e6
+        out[name] = {
+            "energy_j": res.energy_j,
+            "ttft_ms": res.ttft_ms,
+            "tpot_ms": res.tpot_ms,
+            "idle_ms": outside["ms"],
+            "idle_j": outside["j"],
+            "requests": reqs,
+        }
+    base = out.get("default")
+    if base is not None:
+        for got in out.values():
+            if len(got["requests"]) != len(base["requests"]):
+                continue
+            for r, b in zip(got["requests"], base["requests"], strict=True):
+                r["prefill_j_vs_default"] = r["prefill_j"] - b["prefill_j"]
+                r["decode_j_vs_default"] = r["decode_j"] - b["decode_j"]
+    return {
+        "simulated": True,
+        "device": device,
+        "latency_slack": latency_slack,
+        "granularity": granularity,
+        "controllers": out,
+    }
+
+
+def _lines(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        f"device {doc['device']}, slack {doc['latency_slack']:.0%}, "
+        f"{doc['granularity']} granularity (all figures simulated)"
+    ]
+    base = doc["controllers"].get("default")
+    for name, got in doc["controllers"].items():
+        saving = (
+            f", saving {1 - got['energy_j'] / base['energy_j']:+.1%}"
+            if base is not None and name != "default" and base["energy_j"]
+            else ""
+        )
+        lines.append(
+            f"{name}: {got['energy_j']:.3f} J (simulated){saving}, TTFT {got['ttft_ms']:.1f} ms, "
+            f"TPOT {got['tpot_ms']:.2f} ms; between requests {got['idle_ms']:.0f} ms "
+            f"{got['idle_j']:.3f} J"
+        )
+        for i, r in enumerate(got["requests"], 1):
+            vs = ""
+            if "decode_j_vs_default" in r and name != "default":
+                vs = (
+                    f"  vs default: prefill {r['prefill_j_vs_default']:+.3f} J, "
+                    f"decode {r['decode_j_vs_default']:+.3f} J"
+                )
+            levels = " ".join(f"{mhz}:{ms:.0f}" for mhz, ms in r["decode_busy_ms_by_mhz"].items())
+            tpot = "-" if r.get("tpot_ms") is None else f"{r['tpot_ms']:.2f}"
+            lines.append(
+                f"  request {i}: prefill {r['prefill_ms']:.1f} ms {r['prefill_j']:.3f} J, "
+                f"decode {r['decode_ms']:.1f} ms {r['decode_j']:.3f} J, "
+                f"TTFT {r.get('ttft_ms', float('nan')):.1f} ms, TPOT {tpot} ms{vs}"
+            )
+            lines.append(f"    decode busy ms by MHz: {levels}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replay", required=True, help="recorded trace (turboinfer bench --record)")
+    ap.add_argument("--device", default="sim:adreno650", help="sim:<profile> or sim:/path.json")
+    ap.add_argument("--latency-slack", type=float, default=0.02)
+    ap.add_argument("--controllers", default=",".join(DEFAULT_CONTROLLERS))
+    ap.add_argument("--granularity", default="graph", choices=("graph", "layer", "kernel"))
+    ap.add_argument("--json", help="write the figures here as JSON")
+    args = ap.parse_args(argv)
+    names = [c.strip() for c in args.controllers.split(",") if c.strip()]
+    if not names:
+        ap.error("--controllers names none")
+    try:
+        events, _ = load_trace(args.replay)
+        doc = breakdown(
+            segments_of(events),
+            args.device,
+            names,
+            latency_slack=args.latency_slack,
+            granularity=args.granularity,
+        )
+    except (OSError, ValueError, DeviceError) as e:  # TraceFormatError is a ValueError
+        ap.error(str(e))
+    print("\n".join(_lines(doc)))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
