@@ -69,3 +69,25 @@ def test_the_command_refuses_a_missing_recording(tmp_path, capsys):
         main(["--replay", str(tmp_path / "none.json")])
     assert e.value.code == 2
     assert "none.json" in capsys.readouterr().err
+
+
+def test_a_sweep_points_device_as_the_sweep_builds_it():
+    segments = make_trace(requests=2, decode_tokens=12, prompt_tokens=11)
+    fast = breakdown(segments, "sim:mali-g76", ("default",))
+    slow = breakdown(segments, "sim:mali-g76", ("default",), params={"host_cpu_scale": 2.0})
+    assert fast["sweep_params"] is None
+    assert slow["sweep_params"]["host_cpu_scale"] == 2.0
+    assert slow["sweep_params"]["switch_latency_us"] == 1000.0  # the profile's own
+    # a host twice as slow: the same requests take longer
+    assert slow["controllers"]["default"]["tpot_ms"] > fast["controllers"]["default"]["tpot_ms"]
+    with pytest.raises(ValueError, match="unknown sweep parameter"):
+        breakdown(segments, "sim:mali-g76", ("default",), params={"no_such": 1.0})
+
+
+def test_the_command_reads_sweep_parameters(capsys):
+    args = ["--replay", str(RECORDING), "--device", "sim:generic", "--controllers", "default"]
+    assert main([*args, "--param", "background_change=true", "--param", "host_cpu_scale=2"]) == 0
+    assert '"background_change": true' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*args, "--param", "host_cpu_scale"])
+    assert "KEY=VALUE" in capsys.readouterr().err

@@ -28,7 +28,7 @@ import argparse
 import collections
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..control.factory import for_device, make_controller
@@ -36,6 +36,7 @@ from ..control.replay import replay
 from ..devices.base import DeviceError
 from ..engine.segments import Segment
 from ..trace.record import load_trace
+from . import sweep
 from .runner import _open_sim, phone_trace, segments_of
 
 DEFAULT_CONTROLLERS = ("default", "tmpc", "phase")
@@ -73,6 +74,32 @@ def _requests(intervals: Sequence[tuple]) -> tuple[list[dict[str, Any]], dict[st
     return reqs, outside
 
 
+def _devices(
+    segments: list[Segment], device: str, latency_slack: float, params: dict[str, Any] | None
+) -> tuple[list[Segment], Callable[..., Any], dict[str, Any] | None]:
+    """The phone trace, a factory of fresh simulated devices, and the sweep point's
+    parameters in full (None without ``params``)."""
+    if device != "sim" and not device.startswith("sim:"):
+        raise ValueError(f"{device!r}: the breakdown replays on a simulated device (sim:...)")
+    dev = _open_sim(device)  # an unknown profile: DeviceNotFound, before any replay
+    profile = dev.profile
+    dev.close()
+    if params is None:
+        return (
+            phone_trace(device, segments),
+            lambda **kw: _open_sim(device, record_intervals=bool(kw.get("record_intervals"))),
+            None,
+        )
+    full = sweep.nominal(profile)
+    unknown = sorted(set(params) - set(full))
+    if unknown:
+        raise ValueError(f"unknown sweep parameter(s) {unknown}; choose from {sorted(full)}")
+    full.update(params)
+    point = sweep.Point(device.partition(":")[2] or profile.name, latency_slack, "breakdown", full)
+    phone, factory = sweep.point_device(point, segments)
+    return phone, factory, full
+
+
 def breakdown(
     segments: list[Segment],
     device: str,
@@ -80,23 +107,23 @@ def breakdown(
     *,
     latency_slack: float = 0.02,
     granularity: str = "graph",
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Each controller's replay of the recorded ``segments`` on ``device`` (a
     simulated one: ``sim:<profile>`` or ``sim:/path/profile.json``), split by request
-    and phase. Also each request's differences to ``default``'s, where it ran."""
-    if device != "sim" and not device.startswith("sim:"):
-        raise ValueError(f"{device!r}: the breakdown replays on a simulated device (sim:...)")
-    _open_sim(device).close()  # an unknown profile: DeviceNotFound, before any replay
-    phone = phone_trace(device, segments)
+    and phase. Also each request's differences to ``default``'s, where it ran.
+    ``params``: a ``turboinfer sweep`` point's parameters (``bench.sweep``; the
+    profile's own for those not given), for the device the sweep builds there."""
+    phone, factory, full = _devices(segments, device, latency_slack, params)
     out: dict[str, Any] = {}
     for name in controllers:
-        dev = _open_sim(device, record_intervals=True)
+        dev = factory(record_intervals=True)
         ctl = make_controller(
             name,
             **for_device(dev),
             latency_slack=latency_slack,
             trace=phone,
-            device_factory=lambda: _open_sim(device),
+            device_factory=factory,
             seed=0,
         )
         res = replay(phone, ctl, dev, seed=0, granularity=granularity)
@@ -123,6 +150,7 @@ def breakdown(
     return {
         "simulated": True,
         "device": device,
+        "sweep_params": full,
         "latency_slack": latency_slack,
         "granularity": granularity,
         "controllers": out,
@@ -134,6 +162,8 @@ def _lines(doc: dict[str, Any]) -> list[str]:
         f"device {doc['device']}, slack {doc['latency_slack']:.0%}, "
         f"{doc['granularity']} granularity (all figures simulated)"
     ]
+    if doc.get("sweep_params"):
+        lines.append("sweep point: " + json.dumps(doc["sweep_params"]))
     base = doc["controllers"].get("default")
     for name, got in doc["controllers"].items():
         saving = (
@@ -171,8 +201,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-slack", type=float, default=0.02)
     ap.add_argument("--controllers", default=",".join(DEFAULT_CONTROLLERS))
     ap.add_argument("--granularity", default="graph", choices=("graph", "layer", "kernel"))
+    ap.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a turboinfer sweep point's parameter (e.g. switch_latency_us=80000); repeatable",
+    )
     ap.add_argument("--json", help="write the figures here as JSON")
     args = ap.parse_args(argv)
+    params: dict[str, Any] | None = None
+    for kv in args.param:
+        key, eq, value = kv.partition("=")
+        if not eq:
+            ap.error(f"--param {kv!r}: expected KEY=VALUE")
+        try:
+            got: Any = {"true": True, "false": False}.get(value.lower())
+            got = float(value) if got is None else got
+        except ValueError:
+            ap.error(f"--param {kv!r}: the value must be a number, true or false")
+        params = {**(params or {}), key.strip(): got}
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]
     if not names:
         ap.error("--controllers names none")
@@ -184,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             names,
             latency_slack=args.latency_slack,
             granularity=args.granularity,
+            params=params,
         )
     except (OSError, ValueError, DeviceError) as e:  # TraceFormatError is a ValueError
         ap.error(str(e))

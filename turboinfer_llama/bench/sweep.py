@@ -150,22 +150,13 @@ def _profile_of(point: Point) -> Any:
     )
 
 
-def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """Every controller at one point: figures relative to ``default`` (fractions). The
-    causal controllers are replayed at the granularity ``_init`` was given (None: the
-    live loop's default, ``runner.LIVE_GRANULARITY``)."""
+def point_device(point: Point, segs: Sequence[Any]) -> tuple[list[Any], Callable[..., Any]]:
+    """The recorded segments as the point's simulated phone runs them, and a factory of
+    fresh simulated devices for it (its profile, its background DRAM load; keyword
+    arguments go to ``SimGpu``, e.g. ``record_intervals``)."""
     from ..accounting import PhoneTrace, default_shadow, phone_segments
-    from ..control.baselines.hindsight import PhaseSplit, StaticBest
-    from ..control.factory import for_device, make_controller
-    from ..control.replay import replay
     from ..devices.sim import SimGpu
-    from .runner import LIVE_GRANULARITY
 
-    gran = _GRANULARITY or LIVE_GRANULARITY
-
-    segs = raw if raw is not None else _RAW
-    if segs is None:
-        raise SweepError("no recording loaded")
     prof = _profile_of(point)
     phone = phone_segments(segs, prof)
     share = float(point.params["background_share"])
@@ -178,9 +169,29 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
         d = quiet.duration_ns
         schedule = [(d // 3, min(share + BACKGROUND_STEP, 0.9)), (2 * d // 3, share)]
 
-    def factory() -> SimGpu:
-        return SimGpu(prof, background_share=share, background_schedule=schedule, host_model=True)
+    def factory(**kw: Any) -> SimGpu:
+        return SimGpu(
+            prof, background_share=share, background_schedule=schedule, host_model=True, **kw
+        )
 
+    return phone, factory
+
+
+def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Every controller at one point: figures relative to ``default`` (fractions). The
+    causal controllers are replayed at the granularity ``_init`` was given (None: the
+    live loop's default, ``runner.LIVE_GRANULARITY``)."""
+    from ..control.baselines.hindsight import PhaseSplit, StaticBest
+    from ..control.factory import for_device, make_controller
+    from ..control.replay import replay
+    from .runner import LIVE_GRANULARITY
+
+    gran = _GRANULARITY or LIVE_GRANULARITY
+
+    segs = raw if raw is not None else _RAW
+    if segs is None:
+        raise SweepError("no recording loaded")
+    phone, factory = point_device(point, segs)
     slack = point.slack
     figures: dict[str, tuple[float, float, float]] = {}  # energy_j, tpot_ms, ttft_ms
     oracle_gap: float | None = None  # the oracle's Lagrangian optimality gap (its model)
