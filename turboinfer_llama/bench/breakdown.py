@@ -37,7 +37,7 @@ from ..devices.base import DeviceError
 from ..engine.segments import Segment
 from ..trace.record import load_trace
 from . import sweep
-from .runner import _open_sim, phone_trace, segments_of
+from .runner import _open_sim, segments_of
 
 DEFAULT_CONTROLLERS = ("default", "tmpc", "phase")
 
@@ -77,27 +77,23 @@ def _requests(intervals: Sequence[tuple]) -> tuple[list[dict[str, Any]], dict[st
 def _devices(
     segments: list[Segment], device: str, latency_slack: float, params: dict[str, Any] | None
 ) -> tuple[list[Segment], Callable[..., Any], dict[str, Any] | None]:
-    """The phone trace, a factory of fresh simulated devices, and the sweep point's
-    parameters in full (None without ``params``)."""
+    """The phone trace, a factory of fresh simulated devices (built as ``turboinfer
+    sweep`` builds its points': without ``params``, its nominal point, the device
+    ``turboinfer bench`` replays on), and the sweep point's parameters in full (None
+    without ``params``)."""
     if device != "sim" and not device.startswith("sim:"):
         raise ValueError(f"{device!r}: the breakdown replays on a simulated device (sim:...)")
     dev = _open_sim(device)  # an unknown profile: DeviceNotFound, before any replay
     profile = dev.profile
     dev.close()
-    if params is None:
-        return (
-            phone_trace(device, segments),
-            lambda **kw: _open_sim(device, record_intervals=bool(kw.get("record_intervals"))),
-            None,
-        )
     full = sweep.nominal(profile)
-    unknown = sorted(set(params) - set(full))
+    unknown = sorted(set(params or ()) - set(full))
     if unknown:
         raise ValueError(f"unknown sweep parameter(s) {unknown}; choose from {sorted(full)}")
-    full.update(params)
+    full.update(params or {})
     point = sweep.Point(device.partition(":")[2] or profile.name, latency_slack, "breakdown", full)
     phone, factory = sweep.point_device(point, segments)
-    return phone, factory, full
+    return phone, factory, full if params is not None else None
 
 
 def breakdown(
@@ -210,17 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="write the figures here as JSON")
     args = ap.parse_args(argv)
-    params: dict[str, Any] | None = None
+    params: dict[str, Any] = {}
     for kv in args.param:
         key, eq, value = kv.partition("=")
         if not eq:
             ap.error(f"--param {kv!r}: expected KEY=VALUE")
+        flag = {"true": True, "false": False}.get(value.lower())
         try:
-            got: Any = {"true": True, "false": False}.get(value.lower())
-            got = float(value) if got is None else got
+            params[key.strip()] = float(value) if flag is None else flag
         except ValueError:
             ap.error(f"--param {kv!r}: the value must be a number, true or false")
-        params = {**(params or {}), key.strip(): got}
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]
     if not names:
         ap.error("--controllers names none")
@@ -232,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             names,
             latency_slack=args.latency_slack,
             granularity=args.granularity,
-            params=params,
+            params=params or None,
         )
     except (OSError, ValueError, DeviceError) as e:  # TraceFormatError is a ValueError
         ap.error(str(e))
