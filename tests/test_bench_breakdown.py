@@ -91,3 +91,39 @@ def test_the_command_reads_sweep_parameters(capsys):
     with pytest.raises(SystemExit):
         main([*args, "--param", "host_cpu_scale"])
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_offline_controllers_are_figured_as_the_bench_figures_them():
+    """The oracle's schedule is anchored to its steps: replayed as an event-driven
+    controller it ran the 1,000-token prompt at the bottom level (generic, 2%: +91%
+    TTFT). Figured by its own accounting it is the bench's oracle."""
+    from turboinfer_llama.control.factory import for_device, make_controller
+
+    segments = make_trace(requests=2, decode_tokens=16, prompt_tokens=11)
+    names = ("default", "oracle-request", "phase")
+    got = breakdown(segments, "sim:generic", names)["controllers"]
+    for name in names[1:]:
+        phone, factory = _devices_for(segments)
+        ctl = make_controller(
+            name,
+            **for_device(factory()),
+            latency_slack=0.02,
+            trace=phone,
+            device_factory=factory,
+            seed=0,
+        )
+        acc = ctl.account()
+        assert got[name]["energy_j"] == pytest.approx(acc.energy_j, rel=1e-9), name
+        assert got[name]["ttft_ms"] == pytest.approx(acc.ttft_ms, rel=1e-9), name
+        assert got[name]["tpot_ms"] == pytest.approx(acc.tpot_ms, rel=1e-9), name
+    # and within the budget, as the bench reports it
+    base = got["default"]
+    assert got["oracle-request"]["ttft_ms"] <= 1.022 * base["ttft_ms"]
+    assert got["oracle-request"]["tpot_ms"] <= 1.022 * base["tpot_ms"]
+
+
+def _devices_for(segments):
+    from turboinfer_llama.bench.breakdown import _devices
+
+    phone, factory, _ = _devices(segments, "sim:generic", 0.02, None)
+    return phone, factory

@@ -16,10 +16,11 @@ time by request and phase:
 
 A request begins at its prompt's first prefill interval; the idle time between
 requests is in no request (the total's ``idle`` figure). Every figure is simulated
-(the simulator's power model, no phone). The hindsight baselines (``phase``,
-``static-best``) are replayed as controllers here, not figured by the accounting as in
-``turboinfer bench``: their figures may differ from the bench's by the two paths'
-rounding (well under 1%). A benchmark, not a test.
+(the simulator's power model, no phone). The offline controllers (the hindsight
+baselines and the oracles) are figured by their own accounting on the recording
+device, as ``turboinfer bench`` figures them: replayed as event-driven controllers,
+the oracle's step-anchored schedule would not be what it chose. A benchmark, not a
+test.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..control.factory import for_device, make_controller
+from ..control.registry import info
 from ..control.replay import replay
 from ..devices.base import DeviceError
 from ..engine.segments import Segment
@@ -122,7 +124,13 @@ def breakdown(
             device_factory=factory,
             seed=0,
         )
-        res = replay(phone, ctl, dev, seed=0, granularity=granularity)
+        got_info = info(name)
+        res: Any
+        if got_info is not None and got_info.offline:
+            # its schedule as it chose it, on this device (as ``turboinfer bench``)
+            res = ctl.account(dev)
+        else:
+            res = replay(phone, ctl, dev, seed=0, granularity=granularity)
         reqs, outside = _requests(dev.intervals)
         for r, q in zip(reqs, res.requests_latency, strict=False):
             r["ttft_ms"] = q.ttft_ns / 1e6
