@@ -127,3 +127,45 @@ def _devices_for(segments):
 
     phone, factory, _ = _devices(segments, "sim:generic", 0.02, None)
     return phone, factory
+
+
+def test_replay_records_each_graphs_compute_time_at_the_clock_it_ran():
+    from turboinfer_llama.bench.breakdown import _devices
+    from turboinfer_llama.control.factory import for_device, make_controller
+    from turboinfer_llama.control.replay import replay
+
+    segments = make_trace(requests=2, decode_tokens=8, prompt_tokens=11)
+    phone, factory, _ = _devices(segments, "sim:generic", 0.02, None)
+    got = {}
+    for hz in (200_000_000, 800_000_000):
+        dev = factory()
+        ctl = make_controller(f"static:{hz}", **for_device(dev), trace=phone, seed=0)
+        got[hz] = replay(phone, ctl, dev, seed=0, granularity="graph").graph_compute_ns
+    assert got[200_000_000].keys() == got[800_000_000].keys()
+    assert len(got[200_000_000]) >= 2 * 8  # every prompt and decode graph
+    assert all(got[200_000_000][g] > got[800_000_000][g] > 0 for g in got[200_000_000])
+
+
+def test_the_hindsight_reference_is_the_reference_tmpc_keeps_its_budget_to():
+    """The diagnostic row spends its budget against the default's own graph times:
+    within the budget against the default, and a reference twice as slow (the hook
+    fed wrong figures) shows at once as a slower decode."""
+    from turboinfer_llama.bench.breakdown import HINDSIGHT, _devices
+    from turboinfer_llama.control.factory import for_device, make_controller
+    from turboinfer_llama.control.replay import replay
+
+    segments = make_trace(requests=2, decode_tokens=24, prompt_tokens=11)
+    doc = breakdown(segments, "sim:generic", ("default", "tmpc"), hindsight_reference=True)
+    got = doc["controllers"]
+    base, hind = got["default"], got[HINDSIGHT]
+    assert doc["simulated"] is True
+    assert hind["tpot_ms"] <= (1.02 + 0.002) * base["tpot_ms"]
+    phone, factory, _ = _devices(segments, "sim:generic", 0.02, None)
+    dev = factory()
+    base_ctl = make_controller("default", **for_device(dev), trace=phone, seed=0)
+    ref = replay(phone, base_ctl, dev, seed=0, granularity="graph")
+    dev = factory()
+    ctl = make_controller("tmpc", **for_device(dev), latency_slack=0.02, trace=phone, seed=0)
+    ctl.hindsight_reference_ns = {g: 2.0 * t for g, t in ref.graph_compute_ns.items()}
+    slow = replay(phone, ctl, dev, seed=0, granularity="graph")
+    assert slow.tpot_ms > 1.05 * hind["tpot_ms"]

@@ -2,7 +2,7 @@
 
     python -m turboinfer_llama.bench.breakdown --replay REC [--device sim:generic]
         [--latency-slack 0.02] [--controllers default,tmpc,phase] [--granularity graph]
-        [--json PATH]
+        [--param KEY=VALUE ...] [--hindsight-reference] [--json PATH]
 
 ``turboinfer bench`` reports a run's figures pooled over its requests. Two controllers
 can end a run at the same saving for different reasons: one loses on the first
@@ -13,6 +13,16 @@ time by request and phase:
 * each request's prompt (prefill) and decode: time and energy, and its TTFT and TPOT;
 * the decode's busy time at each clock level;
 * each figure's difference to the default's same request.
+
+``--hindsight-reference`` adds a diagnostic row, ``tmpc@hindsight-reference``: tmpc
+given the default's own time of each decode graph (from the default's replay) as its
+decode reference, in place of what it keeps its promise against live (the top
+level's time, or the default's bound). The hindsight baselines set their levels
+against that one run of the default; tmpc does not know it, so it keeps its budget
+against every run the default could have made (every timer phase, every busy share
+its model cannot rule out). The gap between the two rows is what that costs; the gap
+from this row to a baseline is what the plans leave. The prompts keep their own
+references. Never a live mode.
 
 A request begins at its prompt's first prefill interval; the idle time between
 requests is in no request (the total's ``idle`` figure). Every figure is simulated
@@ -98,6 +108,9 @@ def _devices(
     return phone, factory, full if params is not None else None
 
 
+HINDSIGHT = "tmpc@hindsight-reference"  # the diagnostic row's name (--hindsight-reference)
+
+
 def breakdown(
     segments: list[Segment],
     device: str,
@@ -106,24 +119,38 @@ def breakdown(
     latency_slack: float = 0.02,
     granularity: str = "graph",
     params: dict[str, Any] | None = None,
+    hindsight_reference: bool = False,
 ) -> dict[str, Any]:
     """Each controller's replay of the recorded ``segments`` on ``device`` (a
     simulated one: ``sim:<profile>`` or ``sim:/path/profile.json``), split by request
     and phase. Also each request's differences to ``default``'s, where it ran.
     ``params``: a ``turboinfer sweep`` point's parameters (``bench.sweep``; the
-    profile's own for those not given), for the device the sweep builds there."""
+    profile's own for those not given), for the device the sweep builds there.
+    ``hindsight_reference``: also tmpc with the default's own time of each decode graph
+    as its reference (``TubeMPC.hindsight_reference_ns``, row ``HINDSIGHT``): a
+    diagnostic of what keeping the budget without knowing the default's run costs
+    (the gap between the two rows) and what the plans leave (the rest)."""
     phone, factory, full = _devices(segments, device, latency_slack, params)
     out: dict[str, Any] = {}
-    for name in controllers:
+    graph_ns: dict[int, int] | None = None
+    names = list(controllers)
+    if hindsight_reference:
+        names.append(HINDSIGHT)
+        if "default" not in names:
+            names.insert(0, "default")
+    for name in names:
         dev = factory(record_intervals=True)
-        ctl = make_controller(
-            name,
+        ctl: Any = make_controller(
+            "tmpc" if name == HINDSIGHT else name,
             **for_device(dev),
             latency_slack=latency_slack,
             trace=phone,
             device_factory=factory,
             seed=0,
         )
+        if name == HINDSIGHT:
+            assert graph_ns is not None  # the default ran first
+            ctl.hindsight_reference_ns = {g: float(t) for g, t in graph_ns.items()}
         got_info = info(name)
         res: Any
         if got_info is not None and got_info.offline:
@@ -131,6 +158,8 @@ def breakdown(
             res = ctl.account(dev)
         else:
             res = replay(phone, ctl, dev, seed=0, granularity=granularity)
+            if name == "default":
+                graph_ns = res.graph_compute_ns
         reqs, outside = _requests(dev.intervals)
         for r, q in zip(reqs, res.requests_latency, strict=False):
             r["ttft_ms"] = q.ttft_ns / 1e6
@@ -212,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a turboinfer sweep point's parameter (e.g. switch_latency_us=80000); repeatable",
     )
+    ap.add_argument(
+        "--hindsight-reference",
+        action="store_true",
+        help=f"also {HINDSIGHT}: tmpc with the default's own decode graph times as its "
+        "reference, a diagnostic of what its promise costs (never a live mode)",
+    )
     ap.add_argument("--json", help="write the figures here as JSON")
     args = ap.parse_args(argv)
     params: dict[str, Any] = {}
@@ -236,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             latency_slack=args.latency_slack,
             granularity=args.granularity,
             params=params or None,
+            hindsight_reference=args.hindsight_reference,
         )
     except (OSError, ValueError, DeviceError) as e:  # TraceFormatError is a ValueError
         ap.error(str(e))

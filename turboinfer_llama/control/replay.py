@@ -100,6 +100,8 @@ class ReplayResult:
     mismatches: int = 0
     graph_us_median: float = 0.0  # per-graph ingest + plan solve (controller's worker)
     graph_begin_ns: dict[int, int] = field(default_factory=dict)  # DECODE_BEGIN, virtual
+    # each graph's compute time, first ask to DECODE_END (``GraphBatch.compute_ns``), ns
+    graph_compute_ns: dict[int, int] = field(default_factory=dict)
     # each request's tokens, TTFT and TPOT (``engine.latency``), in request order
     requests_latency: tuple[RequestLatency, ...] = ()
 
@@ -161,6 +163,7 @@ class _Runner:
         self._log_seen = 0
         self.plans = 0
         self.graph_begin_ns: dict[int, int] = {}
+        self.graph_compute_ns: dict[int, int] = {}
         self._live_log: list[Applied] | None = None
         self._live_begin: Mapping[int, int] = {}
         self._live_cutoff: Mapping[int, int] = {}
@@ -703,6 +706,8 @@ def replay(
             r.emit(EventKind.PREFILL_END, graph=graph)
             prefill_open = False
         nodes = graphs.get(graph, [])
+        if started == graph and ask_ns:
+            r.graph_compute_ns[graph] = now - ask_ns[0]
         if started == graph and nodes and ask_ns and r.on_graph is not None:
             info = node_info.get(graph)
             if info is None:
@@ -1318,5 +1323,6 @@ def _result(
         mismatches=r.ex.status.mismatches,
         graph_us_median=statistics.median(r.graph_times_ns) / 1e3 if r.graph_times_ns else 0.0,
         graph_begin_ns=dict(r.graph_begin_ns),
+        graph_compute_ns=dict(r.graph_compute_ns),
         requests_latency=latency,
     )

@@ -642,6 +642,13 @@ class TubeMPC(ControllerDefaults):
         # per level: the busy ns of this request's last decode graph run wholly there,
         # and the graph count then (see WHOLLY_MARGIN)
         self._busy_wholly: dict[int, tuple[float, float]] = {}
+        # a diagnostic, never set live (``bench.breakdown --hindsight-reference``): the
+        # default's own time of each decode graph (ns, by graph ordinal) from a replay
+        # of the default on the same recording. It takes the place of the decode's
+        # reference (top level's, or the default's bound), and of the next graph's
+        # expected reference in the plans: what tmpc would save knowing the default's
+        # run, against what keeping its promise without that knowledge costs
+        self.hindsight_reference_ns: dict[int, float] | None = None
         self._reset_request()
 
     # ---- state ---------------------------------------------------------------------
@@ -1049,6 +1056,8 @@ class TubeMPC(ControllerDefaults):
                 if phase == "decode":
                     self._last_min_level = lowest_here
                 ref = self._bound_reference(phase, g, host, ref, meas)
+            if self.hindsight_reference_ns is not None:
+                ref = self._hindsight_reference(phase, b.graph, ref, top_ref)
             if phase == "prefill":
                 if self._lead_pending:  # a request's first prompt graph: its TTFT reference
                     self._ttft_refs.append(self._leads[-1] + self._last_ref_ns[phase])
@@ -1409,6 +1418,19 @@ class TubeMPC(ControllerDefaults):
             self._last_ref_ns[phase], bound.next_lo(np.maximum(lo, model_t))
         )
         return max(ref, got)
+
+    def _hindsight_reference(self, phase: str, graph: int, ref: float, top_ref: float) -> float:
+        """The diagnostic reference (``hindsight_reference_ns``): a decode graph's is
+        the default's own time (never under the top level's); after any graph, the
+        next decode graph's expected reference is the default's time for it."""
+        got = self.hindsight_reference_ns
+        assert got is not None
+        nxt = got.get(graph + 1)
+        if nxt is not None:
+            self._last_ref_ns["decode"] = float(nxt)
+        if phase != "decode" or graph not in got:
+            return ref
+        return max(float(got[graph]), top_ref)
 
     def _envelope_probe(self) -> int | None:
         """The level to run the next decode graph at wholly: the default's bound level
