@@ -59,6 +59,7 @@ def test_json_schema(recorded):
         "static-best",
         "phase",
         "phase-request",
+        "phase-prefix",
     }
     keys = {
         "energy_per_token_j",
@@ -96,7 +97,7 @@ def test_csv_and_trace_written(recorded):
     out = rec.parent
     rows = (out / "t.csv").read_text().splitlines()
     # a header and a row per controller of the full comparison
-    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 11
+    assert rows[0].startswith("controller,energy_per_token_j") and len(rows) == 12
     doc = json.loads((out / "trace.json").read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
     assert "freq_mhz" in names and "MUL_MAT" in names

@@ -330,6 +330,7 @@ _COST_ORDER = (
     "reactive",
     "phase",
     "phase-request",
+    "phase-prefix",
     "static-best",
     "max",
 )

@@ -5,7 +5,7 @@ every slack; one parameter at a time moved to each end of its range (at the nomi
 slack); and a small Latin hypercube over all of them (``scipy.stats.qmc``). Each
 point runs every controller of the full comparison on a fresh simulated device built
 from the point's parameters. ``default`` and the offline controllers (``static-best``,
-``phase``, ``phase-request``, ``oracle``, ``oracle-request``) are figured by the
+``phase``, ``phase-request``, ``phase-prefix``, ``oracle``, ``oracle-request``) are figured by the
 arrays-based accounting, per graph (the same figures as a per-kernel replay, within
 0.5%); the causal controllers are replayed.
 
@@ -206,10 +206,14 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
     pr = PhaseSplit(phone, factory, latency_slack=slack, per_request_ttft=True)
     ra = pr.account()
     figures["phase-request"] = (ra.energy_j, ra.tpot_ms, ra.ttft_ms)
+    pp = PhaseSplit(phone, factory, latency_slack=slack, prefix=True)
+    xa = pp.account()
+    figures["phase-prefix"] = (xa.energy_j, xa.tpot_ms, xa.ttft_ms)
     chosen = {
         "static-best": sb.freq_hz,
         "phase": [ph.prefill_hz, ph.decode_hz],
         "phase-request": [pr.prefill_hz, pr.decode_hz],
+        "phase-prefix": [pp.prefill_hz, pp.decode_hz],
     }
     for name in CONTROLLERS:
         if name in figures:

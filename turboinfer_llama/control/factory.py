@@ -115,6 +115,7 @@ def make_controller(
             device_factory,
             latency_slack=latency_slack,
             per_request_ttft=name == "phase-request",
+            prefix=name == "phase-prefix",
         )
     raise ValueError(f"unknown controller {name!r}; valid names: {', '.join(CONTROLLER_NAMES)}")
 

@@ -90,6 +90,14 @@ CONTROLLERS: tuple[ControllerInfo, ...] = (
         offline=True,
         in_all=True,
     ),
+    ControllerInfo(
+        "phase-prefix",
+        "the phase split with its TTFT and TPOT within the budget whatever request the "
+        "run ends at (a live controller cannot know the last one)",
+        live=False,
+        offline=True,
+        in_all=True,
+    ),
 )
 
 
