@@ -150,7 +150,8 @@ def breakdown(
         )
         if name == HINDSIGHT:
             assert graph_ns is not None  # the default ran first
-            ctl.hindsight_reference_ns = {g: float(t) for g, t in graph_ns.items()}
+            decode = {s.graph for s in phone if s.phase == "decode"}
+            ctl.hindsight_reference_ns = {g: float(t) for g, t in graph_ns.items() if g in decode}
         got_info = info(name)
         res: Any
         if got_info is not None and got_info.offline:

@@ -5,9 +5,9 @@ every slack; one parameter at a time moved to each end of its range (at the nomi
 slack); and a small Latin hypercube over all of them (``scipy.stats.qmc``). Each
 point runs every controller of the full comparison on a fresh simulated device built
 from the point's parameters. ``default`` and the offline controllers (``static-best``,
-``phase``, ``phase-request``, ``phase-prefix``, ``oracle``, ``oracle-request``) are figured by the
-arrays-based accounting, per graph (the same figures as a per-kernel replay, within
-0.5%); the causal controllers are replayed.
+``phase``, ``phase-request``, ``phase-prefix``, ``oracle``, ``oracle-request``) are
+figured by the arrays-based accounting, per graph (the same figures as a per-kernel
+replay, within 0.5%); the causal controllers are replayed.
 
 Parameters (``params`` in the JSON):
 
