@@ -21,32 +21,33 @@ def test_the_stored_recording_holds_four_gemma_requests():
     assert ts == sorted(ts)
 
 
-def test_phase_request_holds_each_requests_ttft_where_phase_pools_them():
-    """On sim mali-g76 the phase split's run TTFT is within 2% only by pooling: its
-    prefill level runs the ~1,000-token prompt past its own budget, banked against the
-    short prompts. Held to each request's TTFT (tmpc's promise), the split keeps every
-    request within it, at a higher prefill level, and saves less (simulated)."""
+def _mali_splits(slack, names):
+    """The named hindsight splits of the stored recording on sim:mali-g76 (simulated)."""
     from turboinfer_llama.bench.runner import phone_trace, segments_of
     from turboinfer_llama.control.factory import for_device, make_controller
     from turboinfer_llama.devices import open_device
 
     events, _ = load_trace(RECORDING)
     phone = phone_trace("sim:mali-g76", segments_of(events))
-    slack = 0.02
 
     def factory():
         return open_device("sim:mali-g76")
 
-    got = {
+    return {
         name: make_controller(
-            name,
-            **for_device(factory()),
-            latency_slack=slack,
-            trace=phone,
-            device_factory=factory,
+            name, **for_device(factory()), latency_slack=slack, trace=phone, device_factory=factory
         )
-        for name in ("phase", "phase-request")
+        for name in names
     }
+
+
+def test_phase_request_holds_each_requests_ttft_where_phase_pools_them():
+    """On sim mali-g76 the phase split's run TTFT is within 2% only by pooling: its
+    prefill level runs the ~1,000-token prompt past its own budget, banked against the
+    short prompts. Held to each request's TTFT (tmpc's promise), the split keeps every
+    request within it, at a higher prefill level, and saves less (simulated)."""
+    slack = 0.02
+    got = _mali_splits(slack, ("phase", "phase-request"))
     ref = got["phase"].reference
     pooled, each = got["phase"].account(), got["phase-request"].account()
     for acc in (pooled, each):
@@ -81,23 +82,8 @@ def test_phase_prefix_keeps_the_budget_wherever_the_run_ends():
     ended after that prompt's request, it would have been over (+2.97%). A live
     controller cannot know which request is the last; ``phase-prefix`` keeps the
     budget after every request, and pays for it (simulated)."""
-    from turboinfer_llama.bench.runner import phone_trace, segments_of
-    from turboinfer_llama.control.factory import for_device, make_controller
-    from turboinfer_llama.devices import open_device
-
-    events, _ = load_trace(RECORDING)
-    phone = phone_trace("sim:mali-g76", segments_of(events))
     slack = 0.02
-
-    def factory():
-        return open_device("sim:mali-g76")
-
-    got = {
-        name: make_controller(
-            name, **for_device(factory()), latency_slack=slack, trace=phone, device_factory=factory
-        )
-        for name in ("phase", "phase-prefix")
-    }
+    got = _mali_splits(slack, ("phase", "phase-prefix"))
     ref = got["phase"].reference
     pooled, prefix = got["phase"].account(), got["phase-prefix"].account()
     assert max(ttft for ttft, _ in _prefix_changes(pooled, ref)) > slack + 0.002
