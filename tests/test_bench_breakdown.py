@@ -130,12 +130,11 @@ def _devices_for(segments):
 
 
 def test_replay_records_each_graphs_compute_time_at_the_clock_it_ran():
-    from turboinfer_llama.bench.breakdown import _devices
     from turboinfer_llama.control.factory import for_device, make_controller
     from turboinfer_llama.control.replay import replay
 
     segments = make_trace(requests=2, decode_tokens=8, prompt_tokens=11)
-    phone, factory, _ = _devices(segments, "sim:generic", 0.02, None)
+    phone, factory = _devices_for(segments)
     got = {}
     for hz in (200_000_000, 800_000_000):
         dev = factory()
@@ -150,7 +149,7 @@ def test_the_hindsight_reference_is_the_reference_tmpc_keeps_its_budget_to():
     """The diagnostic row spends its budget against the default's own graph times:
     within the budget against the default, and a reference twice as slow (the hook
     fed wrong figures) shows at once as a slower decode."""
-    from turboinfer_llama.bench.breakdown import HINDSIGHT, _devices
+    from turboinfer_llama.bench.breakdown import HINDSIGHT
     from turboinfer_llama.control.factory import for_device, make_controller
     from turboinfer_llama.control.replay import replay
 
@@ -160,7 +159,7 @@ def test_the_hindsight_reference_is_the_reference_tmpc_keeps_its_budget_to():
     base, hind = got["default"], got[HINDSIGHT]
     assert doc["simulated"] is True
     assert hind["tpot_ms"] <= (1.02 + 0.002) * base["tpot_ms"]
-    phone, factory, _ = _devices(segments, "sim:generic", 0.02, None)
+    phone, factory = _devices_for(segments)
     dev = factory()
     base_ctl = make_controller("default", **for_device(dev), trace=phone, seed=0)
     ref = replay(phone, base_ctl, dev, seed=0, granularity="graph")

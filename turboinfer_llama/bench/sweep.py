@@ -181,7 +181,7 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
     """Every controller at one point: figures relative to ``default`` (fractions). The
     causal controllers are replayed at the granularity ``_init`` was given (None: the
     live loop's default, ``runner.LIVE_GRANULARITY``)."""
-    from ..control.baselines.hindsight import PhaseSplit, StaticBest
+    from ..control.baselines.hindsight import StaticBest
     from ..control.factory import for_device, make_controller
     from ..control.replay import replay
     from .runner import LIVE_GRANULARITY
@@ -200,21 +200,14 @@ def evaluate(point: Point, raw: Sequence[Any] | None = None, seed: int = 0) -> d
     figures["default"] = (ref.energy_j, ref.tpot_ms, ref.ttft_ms)
     a = sb.by_level[sb.freq_hz]
     figures["static-best"] = (a.energy_j, a.tpot_ms, a.ttft_ms)
-    ph = PhaseSplit(phone, factory, latency_slack=slack)
-    pa = ph.account()
-    figures["phase"] = (pa.energy_j, pa.tpot_ms, pa.ttft_ms)
-    pr = PhaseSplit(phone, factory, latency_slack=slack, per_request_ttft=True)
-    ra = pr.account()
-    figures["phase-request"] = (ra.energy_j, ra.tpot_ms, ra.ttft_ms)
-    pp = PhaseSplit(phone, factory, latency_slack=slack, prefix=True)
-    xa = pp.account()
-    figures["phase-prefix"] = (xa.energy_j, xa.tpot_ms, xa.ttft_ms)
-    chosen = {
-        "static-best": sb.freq_hz,
-        "phase": [ph.prefill_hz, ph.decode_hz],
-        "phase-request": [pr.prefill_hz, pr.decode_hz],
-        "phase-prefix": [pp.prefill_hz, pp.decode_hz],
-    }
+    chosen: dict[str, Any] = {"static-best": sb.freq_hz}
+    for name in ("phase", "phase-request", "phase-prefix"):  # the splits, as named
+        split: Any = make_controller(
+            name, **for_device(factory()), latency_slack=slack, trace=phone, device_factory=factory
+        )
+        acc = split.account()
+        figures[name] = (acc.energy_j, acc.tpot_ms, acc.ttft_ms)
+        chosen[name] = [split.prefill_hz, split.decode_hz]
     for name in CONTROLLERS:
         if name in figures:
             continue  # default and the hindsight baselines: figured by the accounting

@@ -51,9 +51,8 @@ def _within(
         )
     tpot_ok = math.isnan(ref.tpot_ms) or acc.tpot_ms <= (1 + slack) * ref.tpot_ms
     if prefix:
-        pairs = list(zip(acc.requests_latency, ref.requests_latency, strict=True))
         ttft_a = ttft_r = gaps_a = gaps_r = 0
-        for a, r in pairs:
+        for a, r in zip(acc.requests_latency, ref.requests_latency, strict=True):
             ttft_a, ttft_r = ttft_a + a.ttft_ns, ttft_r + r.ttft_ns
             gaps_a, gaps_r = gaps_a + a.gaps_ns, gaps_r + r.gaps_ns
             # the same tokens on both sides: the sums of the gaps stand for the TPOTs
